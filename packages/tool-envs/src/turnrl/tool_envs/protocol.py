@@ -81,3 +81,16 @@ class Environment(Protocol):
     async def step(self, assistant: Message) -> StepResult:
         """Apply the model's turn (content plus parsed ``tool_calls``) and answer it."""
         ...
+
+
+@runtime_checkable
+class UserSimulator(Protocol):
+    """The simulated user of a customer-service episode."""
+
+    async def reset(self, instruction: str) -> str:
+        """Start a conversation from the task's instruction; return the user's first message."""
+        ...
+
+    async def respond(self, agent_message: str) -> str:
+        """Answer the agent's message; ``###STOP###`` in the reply ends the episode."""
+        ...
