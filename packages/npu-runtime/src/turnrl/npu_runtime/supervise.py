@@ -1,0 +1,470 @@
+"""Supervision of child processes (inference engines, sandboxes, helper servers).
+
+Each child is started in its **own process group** (a new session), with stdout and
+stderr appended to a log file. The parent can wait for an HTTP health URL while watching
+that the child has not died (if it has, the error carries its exit code and the last log
+lines), and stops it by sending SIGTERM to the whole group, then SIGKILL to the group
+after a grace period -- so grandchildren (vLLM workers, Ray helpers) go too, and nothing
+like `pkill -9 vllm` is ever needed.
+
+Every child is registered in a module-level registry. :func:`stop_all` stops them all; it
+runs at interpreter exit (``atexit``) and on SIGINT / SIGTERM (handlers installed once,
+from the main thread, chaining whatever handler was there before), so supervised children
+do not outlive their parent. A parent killed by SIGKILL cannot clean up; nothing can.
+
+Only the standard library is used.
+
+Example::
+
+    from turnrl.npu_runtime.supervise import start_process
+
+    with start_process(["python", "-m", "http.server", "8000"], name="files",
+                       log_path="runs/files.log") as proc:
+        proc.wait_healthy("http://127.0.0.1:8000/", timeout=30)
+        ...  # use the server
+    # leaving the block stopped the whole process group
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = [
+    "HealthTimeoutError",
+    "ManagedProcess",
+    "ProcessDiedError",
+    "SupervisionError",
+    "running_processes",
+    "start_process",
+    "stop_all",
+]
+
+# After SIGKILL, how long to wait for the group to disappear before giving up quietly.
+_KILL_WAIT_S = 5.0
+# How often to look at the process group while waiting for it to empty.
+_POLL_S = 0.05
+# Upper bound on one health request, so a server that accepts but never answers
+# cannot make us overshoot the caller's timeout by much.
+_MAX_PROBE_S = 5.0
+
+
+class SupervisionError(RuntimeError):
+    """Base class of the errors raised while supervising a child process."""
+
+
+class ProcessDiedError(SupervisionError):
+    """The child exited while we were waiting for it to become healthy.
+
+    Attributes:
+        name: The name given to :func:`start_process`.
+        returncode: The child's exit code (negative: killed by that signal).
+        log_tail: The last lines of its log file.
+    """
+
+    def __init__(self, name: str, pid: int, returncode: int, log_path: Path, log_tail: str):
+        self.name = name
+        self.pid = pid
+        self.returncode = returncode
+        self.log_path = log_path
+        self.log_tail = log_tail
+        super().__init__(
+            f"process {name!r} (pid {pid}) exited with code {returncode} before it became "
+            f"healthy; last lines of {log_path}:\n{log_tail}"
+        )
+
+
+class HealthTimeoutError(SupervisionError, TimeoutError):
+    """The child did not answer its health URL with HTTP 200 in time (it is still running).
+
+    Attributes:
+        name: The name given to :func:`start_process`.
+        url: The health URL that was polled.
+        timeout: The timeout in seconds.
+        last_error: What the last health request returned or raised.
+        log_tail: The last lines of the child's log file.
+    """
+
+    def __init__(
+        self, name: str, url: str, timeout: float, last_error: str, log_path: Path, log_tail: str
+    ):
+        self.name = name
+        self.url = url
+        self.timeout = timeout
+        self.last_error = last_error
+        self.log_path = log_path
+        self.log_tail = log_tail
+        super().__init__(
+            f"process {name!r} did not answer {url} with HTTP 200 within {timeout:g} s "
+            f"(last attempt: {last_error}); last lines of {log_path}:\n{log_tail}"
+        )
+
+
+def _probe(url: str, timeout: float) -> tuple[bool, str]:
+    """One HTTP GET of ``url``, bypassing any proxy; returns (healthy, description)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        return False, f"HTTP {error.code}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        # URLError wraps refused connections; OSError covers resets and socket timeouts.
+        return False, f"{type(error).__name__}: {error}"
+    return status == 200, f"HTTP {status}"
+
+
+def _read_tail(path: Path, lines: int, block: int = 8192) -> str:
+    """The last ``lines`` lines of a text file, read backwards in blocks."""
+    if lines <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            data = b""
+            while end > 0 and data.count(b"\n") <= lines:
+                start = max(0, end - block)
+                f.seek(start)
+                data = f.read(end - start) + data
+                end = start
+    except FileNotFoundError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.rstrip("\n").split("\n")[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process is left in process group ``pgid`` (zombies count as alive)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class ManagedProcess:
+    """A supervised child process running in its own process group.
+
+    Create it with :func:`start_process`. Usable as a context manager: leaving the
+    ``with`` block calls :meth:`stop`.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], name: str, log_path: Path, cmd: list[str]):
+        self._popen = popen
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self._owner_pid = os.getpid()  # a forked copy of the registry must not stop these
+        self._lock = threading.RLock()  # re-entrant: stop_all may run in a signal handler
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else f"exited {self.returncode}"
+        return f"ManagedProcess(name={self.name!r}, pid={self.pid}, {state})"
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (also its process-group id)."""
+        return self._popen.pid
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child itself is still running (not yet exited)."""
+        return self._popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the child exited (negative: killed by that signal), else None."""
+        return self._popen.poll()
+
+    def tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the child's log file."""
+        return _read_tail(self.log_path, lines)
+
+    def _check_alive(self) -> None:
+        code = self._popen.poll()
+        if code is not None:
+            raise ProcessDiedError(self.name, self.pid, code, self.log_path, self.tail())
+
+    def _timeout_error(self, url: str, timeout: float, last: str) -> HealthTimeoutError:
+        return HealthTimeoutError(self.name, url, timeout, last, self.log_path, self.tail())
+
+    @staticmethod
+    def _validate_wait(timeout: float, interval: float) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval}")
+
+    def wait_healthy(self, url: str, timeout: float, interval: float = 0.5) -> None:
+        """Poll ``url`` with HTTP GET until it answers 200.
+
+        Args:
+            url: The health endpoint, e.g. ``http://127.0.0.1:8000/health``.
+            timeout: Seconds to wait in total.
+            interval: Seconds between attempts.
+
+        Raises:
+            ProcessDiedError: The child exited meanwhile (message has its exit code and
+                last log lines).
+            HealthTimeoutError: No HTTP 200 within ``timeout`` (the child keeps running;
+                stop it if you give up on it).
+            ValueError: ``timeout`` or ``interval`` is not positive.
+        """
+        self._validate_wait(timeout, interval)
+        deadline = time.monotonic() + timeout
+        last = "no attempt yet"
+        while True:
+            self._check_alive()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout_error(url, timeout, last)
+            healthy, last = _probe(url, min(remaining, _MAX_PROBE_S))
+            if healthy:
+                return
+            self._check_alive()
+            time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+    async def wait_healthy_async(self, url: str, timeout: float, interval: float = 0.5) -> None:
+        """Like :meth:`wait_healthy`, without blocking the event loop.
+
+        Each HTTP request runs in a worker thread; the waits between them are
+        ``asyncio.sleep``. Raises the same errors as :meth:`wait_healthy`.
+        """
+        self._validate_wait(timeout, interval)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last = "no attempt yet"
+        while True:
+            self._check_alive()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._timeout_error(url, timeout, last)
+            healthy, last = await asyncio.to_thread(_probe, url, min(remaining, _MAX_PROBE_S))
+            if healthy:
+                return
+            self._check_alive()
+            await asyncio.sleep(max(0.0, min(interval, deadline - loop.time())))
+
+    def _wait_gone(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the child to exit (reaping it) and its group to empty."""
+        deadline = time.monotonic() + seconds
+        while True:
+            # Never wait() without a timeout: Popen's blocking wait is not re-entrant,
+            # and this may run again inside a signal handler.
+            self._popen.poll()
+            if self._popen.returncode is not None and not _group_alive(self.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """Stop the child and everything in its process group.
+
+        Sends SIGTERM to the group, waits up to ``grace`` seconds for the child to exit
+        and the group to empty, then sends SIGKILL to the group. Reaps the child.
+        Idempotent: later calls only return the exit code.
+
+        Args:
+            grace: Seconds between SIGTERM and SIGKILL (0 kills at once).
+
+        Returns:
+            The child's exit code (negative: the signal that ended it), or None if it
+            could not be reaped (not expected in practice).
+
+        Raises:
+            ValueError: ``grace`` is negative.
+        """
+        if grace < 0:
+            raise ValueError(f"grace must be >= 0 seconds, got {grace}")
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                try:
+                    self._terminate_group(grace)
+                finally:
+                    _unregister(self)
+            return self._popen.poll()
+
+    def _terminate_group(self, grace: float) -> None:
+        pgid = self.pid  # start_new_session=True: the child leads its own group
+        if self._popen.poll() is None or _group_alive(pgid):
+            _signal_group(pgid, signal.SIGTERM)
+            if self._wait_gone(grace):
+                return
+            _signal_group(pgid, signal.SIGKILL)
+            # Zombie grandchildren whose new parent never reaps them keep the group
+            # "alive" forever; they hold no resources, so stop waiting after a while.
+            self._wait_gone(_KILL_WAIT_S)
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+_registry: dict[int, ManagedProcess] = {}
+_registry_lock = threading.RLock()
+_handlers_installed = False
+
+
+def _register(proc: ManagedProcess) -> None:
+    with _registry_lock:
+        _registry[proc.pid] = proc
+
+
+def _unregister(proc: ManagedProcess) -> None:
+    with _registry_lock:
+        if _registry.get(proc.pid) is proc:
+            del _registry[proc.pid]
+
+
+def running_processes() -> list[ManagedProcess]:
+    """The supervised children started by this process and not stopped yet."""
+    with _registry_lock:
+        return [p for p in _registry.values() if p._owner_pid == os.getpid()]
+
+
+def stop_all(grace: float = 5.0) -> None:
+    """Stop every supervised child of this process (see :meth:`ManagedProcess.stop`).
+
+    Children are first all sent SIGTERM, so their grace periods run in parallel, then
+    each is stopped in turn. Runs at interpreter exit and on SIGINT / SIGTERM.
+
+    Args:
+        grace: Seconds between SIGTERM and SIGKILL.
+    """
+    procs = running_processes()
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        proc.stop(grace)
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _chain_handler(signum: int, previous: _Handler) -> Callable[[int, FrameType | None], None]:
+    def handler(sig: int, frame: FrameType | None) -> None:
+        stop_all()
+        if callable(previous):
+            previous(sig, frame)
+        elif previous in (signal.SIG_DFL, None):
+            # Die of the same signal, as if we had never caught it.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    return handler
+
+
+def _install_signal_handlers() -> None:
+    """Install the SIGINT/SIGTERM handlers once, from the main thread only."""
+    global _handlers_installed
+    if _handlers_installed or threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if previous is signal.SIG_IGN:
+            continue  # this process chose to survive the signal; so do its children
+        signal.signal(signum, _chain_handler(signum, previous))
+    _handlers_installed = True
+
+
+atexit.register(stop_all)
+
+
+def _validate_start(cmd: Sequence[str], name: str) -> list[str]:
+    if isinstance(cmd, str | bytes):
+        raise TypeError(f"cmd must be a list of strings, not a single string: {cmd!r}")
+    args = list(cmd)
+    if not args:
+        raise ValueError(f"cmd for process {name!r} is empty")
+    bad = [a for a in args if not isinstance(a, str)]
+    if bad:
+        raise TypeError(f"cmd for process {name!r} must hold only strings, got {bad!r}")
+    if not name or not name.strip():
+        raise ValueError("name must be a non-empty string")
+    return args
+
+
+def start_process(
+    cmd: Sequence[str],
+    *,
+    name: str,
+    log_path: str | Path,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> ManagedProcess:
+    """Start ``cmd`` as a supervised child in its own process group.
+
+    Args:
+        cmd: The program and its arguments (no shell).
+        name: A short name used in errors and in the log header.
+        log_path: File that stdout and stderr are appended to (parent folders are created).
+        env: Variables laid over the current environment (``os.environ``) for the child.
+        cwd: Working directory of the child (default: the current one).
+
+    Returns:
+        The :class:`ManagedProcess`, already registered for :func:`stop_all`.
+
+    Raises:
+        ValueError / TypeError: ``cmd`` is empty or not a list of strings, or ``name``
+            is empty.
+        FileNotFoundError: The program does not exist.
+    """
+    args = _validate_start(cmd, name)
+    _install_signal_handlers()
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child_env = dict(os.environ)
+    if env is not None:
+        child_env.update(env)
+    with open(path, "ab") as log:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"=== {stamp} turnrl: starting {name!r}: {' '.join(args)}\n".encode())
+        log.flush()
+        try:
+            popen = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as error:
+            raise FileNotFoundError(
+                f"cannot start process {name!r}: {args[0]!r} not found ({error})"
+            ) from error
+    proc = ManagedProcess(popen, name, path, args)
+    _register(proc)
+    return proc
