@@ -1,4 +1,4 @@
-"""Shared helpers for the npu-runtime tests: child scripts and process-gone checks."""
+"""Shared test helpers: child scripts, process-gone checks, fake torch / torch_npu modules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import socket
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,7 @@ def pid_gone(pid: int) -> bool:
 
 
 def wait_pid_gone(pid: int, timeout: float = 10.0) -> bool:
+    """Wait up to `timeout` seconds for `pid` to be gone; True if it is."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pid_gone(pid):
@@ -86,10 +88,21 @@ def wait_pid_gone(pid: int, timeout: float = 10.0) -> bool:
     return pid_gone(pid)
 
 
-def free_port() -> int:
+@pytest.fixture
+def port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def gone() -> Callable[..., bool]:
+    """`gone(pid, timeout=10.0)`: wait for `pid` to be gone (timeout 0: check once).
+
+    A fixture rather than an import so the tests also run with --import-mode=importlib.
+    """
+    return wait_pid_gone
 
 
 @pytest.fixture
@@ -120,4 +133,89 @@ def no_leftover_children() -> Iterator[None]:
     assert not leftover, f"test left supervised children running: {pids}"
 
 
-PYTHON = sys.executable
+class FakeAccelerator:
+    """Stands in for ``torch.cuda`` / ``torch.npu``: the driver boundary we cannot have here."""
+
+    def __init__(self, count: int, free: int = 30 << 30, total: int = 64 << 30):
+        self.count = count
+        self.current = 0
+        self.free = free
+        self.total = total
+        self.set_device_calls: list[int] = []
+
+    def is_available(self) -> bool:
+        return self.count > 0
+
+    def device_count(self) -> int:
+        return self.count
+
+    def set_device(self, index: int) -> None:
+        self.set_device_calls.append(index)
+        self.current = index
+
+    def current_device(self) -> int:
+        return self.current
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        assert 0 <= index < self.count
+        return self.free, self.total
+
+
+class FakeDistributed:
+    """Stands in for ``torch.distributed`` when the backend (hccl / nccl) cannot run here."""
+
+    def __init__(self) -> None:
+        self.init_calls: list[dict[str, object]] = []
+        self.initialized = False
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init_process_group(self, **kwargs: object) -> None:
+        self.init_calls.append(kwargs)
+        self.initialized = True
+
+    def get_rank(self) -> int:
+        return int(self.init_calls[-1]["rank"])  # type: ignore[call-overload]
+
+    def get_world_size(self) -> int:
+        return int(self.init_calls[-1]["world_size"])  # type: ignore[call-overload]
+
+    def get_backend(self) -> str:
+        return str(self.init_calls[-1]["backend"])
+
+    def destroy_process_group(self) -> None:
+        self.initialized = False
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> Callable[..., types.ModuleType]:
+    """Install fake ``torch`` (and optionally ``torch_npu``) modules in ``sys.modules``.
+
+    ``fake_torch(cuda=2, npu=8)`` makes 2 CUDA devices and, when ``npu`` is not None, a
+    ``torch_npu`` module and ``torch.npu`` with that many NPUs. ``TURNRL_DEVICE`` is
+    cleared so detection is automatic unless a test sets it.
+    """
+    monkeypatch.delenv("TURNRL_DEVICE", raising=False)
+
+    def install(cuda: int = 0, npu: int | None = None) -> types.ModuleType:
+        torch = types.ModuleType("torch")
+        torch.cuda = FakeAccelerator(cuda)  # type: ignore[attr-defined]
+        torch.distributed = FakeDistributed()  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        if npu is None:
+            monkeypatch.setitem(sys.modules, "torch_npu", None)  # import raises ImportError
+        else:
+            torch.npu = FakeAccelerator(npu)  # type: ignore[attr-defined]
+            monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+        return torch
+
+    return install
+
+
+@pytest.fixture
+def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``import torch`` and ``import torch_npu`` fail, as on a slim install."""
+    monkeypatch.delenv("TURNRL_DEVICE", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)

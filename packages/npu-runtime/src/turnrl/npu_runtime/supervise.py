@@ -35,6 +35,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,12 +47,14 @@ __all__ = [
     "ManagedProcess",
     "ProcessDiedError",
     "SupervisionError",
+    "install_signal_handlers",
     "running_processes",
     "start_process",
     "stop_all",
 ]
 
-# After SIGKILL, how long to wait for the group to disappear before giving up quietly.
+# After SIGKILL, how long to wait for the group to disappear before giving up quietly
+# (a process in uninterruptible sleep, e.g. stuck in a device driver, can outlast it).
 _KILL_WAIT_S = 5.0
 # How often to look at the process group while waiting for it to empty.
 _POLL_S = 0.05
@@ -145,15 +148,41 @@ def _read_tail(path: Path, lines: int, block: int = 8192) -> str:
     return "\n".join(text.rstrip("\n").split("\n")[-lines:])
 
 
+_PROC = Path("/proc")
+
+
+def _live_members_from_proc(pgid: int) -> bool | None:
+    """Whether /proc lists a non-zombie process in group ``pgid``; None without /proc."""
+    if not (_PROC / "self" / "stat").exists():
+        return None
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def _group_alive(pgid: int) -> bool:
-    """Whether any process is left in process group ``pgid`` (zombies count as alive)."""
+    """Whether a running (non-zombie) process is left in process group ``pgid``.
+
+    Zombies are ignored: an orphaned grandchild that died is re-parented to init, which
+    in some containers never reaps it, and it holds no resources anyway.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    live = _live_members_from_proc(pgid)
+    return True if live is None else live
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -211,7 +240,10 @@ class ManagedProcess:
         return HealthTimeoutError(self.name, url, timeout, last, self.log_path, self.tail())
 
     @staticmethod
-    def _validate_wait(timeout: float, interval: float) -> None:
+    def _validate_wait(url: str, timeout: float, interval: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"health url must be http(s)://host[:port]/path, got {url!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if interval <= 0:
@@ -230,9 +262,10 @@ class ManagedProcess:
                 last log lines).
             HealthTimeoutError: No HTTP 200 within ``timeout`` (the child keeps running;
                 stop it if you give up on it).
-            ValueError: ``timeout`` or ``interval`` is not positive.
+            ValueError: ``url`` is not an http(s) URL, or ``timeout`` or ``interval`` is
+                not positive.
         """
-        self._validate_wait(timeout, interval)
+        self._validate_wait(url, timeout, interval)
         deadline = time.monotonic() + timeout
         last = "no attempt yet"
         while True:
@@ -252,7 +285,7 @@ class ManagedProcess:
         Each HTTP request runs in a worker thread; the waits between them are
         ``asyncio.sleep``. Raises the same errors as :meth:`wait_healthy`.
         """
-        self._validate_wait(timeout, interval)
+        self._validate_wait(url, timeout, interval)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last = "no attempt yet"
@@ -315,8 +348,6 @@ class ManagedProcess:
             if self._wait_gone(grace):
                 return
             _signal_group(pgid, signal.SIGKILL)
-            # Zombie grandchildren whose new parent never reaps them keep the group
-            # "alive" forever; they hold no resources, so stop waiting after a while.
             self._wait_gone(_KILL_WAIT_S)
 
     def __enter__(self) -> ManagedProcess:
@@ -385,17 +416,30 @@ def _chain_handler(signum: int, previous: _Handler) -> Callable[[int, FrameType 
     return handler
 
 
-def _install_signal_handlers() -> None:
-    """Install the SIGINT/SIGTERM handlers once, from the main thread only."""
+def install_signal_handlers() -> bool:
+    """Install the SIGINT / SIGTERM handlers that run :func:`stop_all` (once per process).
+
+    :func:`start_process` calls this itself, but Python only lets the main thread set
+    signal handlers: a program that starts its children from other threads should call
+    it once from the main thread first. Each handler stops the children, then runs the
+    handler that was there before (or dies of the signal, if that was the default).
+
+    Returns:
+        Whether the handlers are installed (False when called from another thread
+        before they were).
+    """
     global _handlers_installed
-    if _handlers_installed or threading.current_thread() is not threading.main_thread():
-        return
+    if _handlers_installed:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(signum)
         if previous is signal.SIG_IGN:
             continue  # this process chose to survive the signal; so do its children
         signal.signal(signum, _chain_handler(signum, previous))
     _handlers_installed = True
+    return True
 
 
 atexit.register(stop_all)
@@ -441,7 +485,7 @@ def start_process(
         FileNotFoundError: The program does not exist.
     """
     args = _validate_start(cmd, name)
-    _install_signal_handlers()
+    install_signal_handlers()
     path = Path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ)

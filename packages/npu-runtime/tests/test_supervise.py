@@ -1,0 +1,370 @@
+"""Process supervision with real child processes and a real HTTP health endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from turnrl.npu_runtime import supervise
+from turnrl.npu_runtime.supervise import (
+    HealthTimeoutError,
+    ProcessDiedError,
+    start_process,
+    stop_all,
+)
+
+
+def test_child_serves_health_and_stops(scripts, tmp_path, port, gone):
+    log = tmp_path / "logs" / "server.log"
+    proc = start_process(
+        [sys.executable, str(scripts["health_server"]), str(port), "0.3"],
+        name="server",
+        log_path=log,
+    )
+    try:
+        assert proc.alive and proc.returncode is None
+        assert proc in supervise.running_processes()
+        proc.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=20, interval=0.1)
+        assert proc.alive
+        assert "serving" in proc.tail()
+        assert proc.tail(1).strip() == "serving"
+    finally:
+        code = proc.stop(grace=5)
+    assert code == -signal.SIGTERM
+    assert proc.returncode == -signal.SIGTERM and not proc.alive
+    assert proc not in supervise.running_processes()
+    assert gone(proc.pid, timeout=0)
+    # The log holds our header, then the child's own output.
+    assert log.read_text().splitlines()[0].startswith("=== ")
+    assert proc.stop() == code  # idempotent
+
+
+def test_non_200_health_endpoint_times_out(scripts, tmp_path, port, gone):
+    with start_process(
+        [sys.executable, str(scripts["health_server"]), str(port), "0"],
+        name="wrong-path",
+        log_path=tmp_path / "s.log",
+    ) as proc:
+        with pytest.raises(HealthTimeoutError) as info:
+            proc.wait_healthy(f"http://127.0.0.1:{port}/missing", timeout=1.5, interval=0.1)
+        assert "HTTP 404" in str(info.value)
+        assert info.value.url.endswith("/missing")
+    assert gone(proc.pid)
+
+
+def test_health_timeout_keeps_child_and_reports_log(scripts, tmp_path, port, gone):
+    proc = start_process(
+        [sys.executable, str(scripts["health_server"]), str(port), "60"],
+        name="slow-server",
+        log_path=tmp_path / "slow.log",
+    )
+    try:
+        start = time.monotonic()
+        with pytest.raises(HealthTimeoutError) as info:
+            proc.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=1.0, interval=0.1)
+        elapsed = time.monotonic() - start
+        assert 0.9 <= elapsed < 5.0
+        assert "slow-server" in str(info.value)
+        assert "server starting" in info.value.log_tail
+        assert isinstance(info.value, TimeoutError)  # callers may catch the builtin
+        assert proc.alive  # a timeout does not kill; the caller decides
+    finally:
+        proc.stop(grace=2)
+    assert gone(proc.pid, timeout=0)
+
+
+def test_child_dying_during_startup_raises_with_log_tail(scripts, tmp_path, port, gone):
+    proc = start_process(
+        [sys.executable, str(scripts["dies_early"])], name="crashy", log_path=tmp_path / "c.log"
+    )
+    start = time.monotonic()
+    with pytest.raises(ProcessDiedError) as info:
+        proc.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=30, interval=0.1)
+    assert time.monotonic() - start < 10  # noticed the death, did not wait for the timeout
+    error = info.value
+    assert error.returncode == 3 and error.name == "crashy"
+    assert "exited with code 3" in str(error)
+    assert "out of device memory" in str(error)
+    assert "loading shard 49" in error.log_tail
+    assert "loading shard 0\n" not in error.log_tail  # only the last 40 lines
+    assert proc.stop() == 3
+    assert gone(proc.pid, timeout=0)
+
+
+async def test_wait_healthy_async_does_not_block_loop(scripts, tmp_path, port, gone):
+    proc = start_process(
+        [sys.executable, str(scripts["health_server"]), str(port), "0.5"],
+        name="async-server",
+        log_path=tmp_path / "a.log",
+    )
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await proc.wait_healthy_async(f"http://127.0.0.1:{port}/health", timeout=20, interval=0.1)
+        assert ticks >= 10  # the loop kept running while we waited ~0.5 s or more
+    finally:
+        task.cancel()
+        proc.stop(grace=5)
+    assert gone(proc.pid, timeout=0)
+
+
+async def test_wait_healthy_async_reports_death_and_timeout(scripts, tmp_path, port, gone):
+    crashy = start_process(
+        [sys.executable, str(scripts["dies_early"])], name="crashy", log_path=tmp_path / "c.log"
+    )
+    with pytest.raises(ProcessDiedError, match="out of device memory"):
+        await crashy.wait_healthy_async(f"http://127.0.0.1:{port}/h", timeout=30, interval=0.1)
+    crashy.stop()
+    with (
+        start_process(
+            [sys.executable, str(scripts["sleeper"])], name="sleeper", log_path=tmp_path / "s.log"
+        ) as sleeper,
+        pytest.raises(HealthTimeoutError, match="sleeper"),
+    ):
+        await sleeper.wait_healthy_async(f"http://127.0.0.1:{port}/h", timeout=0.5)
+    assert gone(crashy.pid, timeout=0) and gone(sleeper.pid)
+
+
+def test_sigterm_ignoring_child_and_grandchild_are_killed_after_grace(scripts, tmp_path, gone):
+    pid_file = tmp_path / "grandchild.pid"
+    proc = start_process(
+        [sys.executable, str(scripts["ignores_sigterm"]), str(pid_file)],
+        name="stubborn",
+        log_path=tmp_path / "stubborn.log",
+    )
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    assert os.getpgid(grandchild) == proc.pid  # same group as the child it leads
+    time.sleep(0.2)  # let the child reach its loop, past any startup
+    start = time.monotonic()
+    code = proc.stop(grace=1.0)
+    elapsed = time.monotonic() - start
+    assert code == -signal.SIGKILL  # SIGTERM was ignored, so it took SIGKILL
+    assert elapsed >= 1.0  # the grace period was honoured
+    assert elapsed < 8.0
+    assert gone(proc.pid, timeout=0)
+    assert gone(grandchild)
+
+
+def test_stop_also_kills_grandchildren_left_after_child_exit(tmp_path, gone):
+    # The child starts a grandchild and exits at once: the group outlives its leader.
+    pid_file = tmp_path / "gc.pid"
+    script = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))"
+    )
+    proc = start_process([sys.executable, "-c", script], name="forker", log_path=tmp_path / "f.log")
+    deadline = time.monotonic() + 20
+    while proc.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    assert not gone(grandchild, timeout=0)
+    start = time.monotonic()
+    assert proc.stop(grace=5) == 0
+    # The grandchild obeys SIGTERM; its zombie (which init may never reap) is not
+    # waited for, so stop() returns well before the grace period ends.
+    assert time.monotonic() - start < 4
+    assert gone(grandchild)
+
+
+def test_stop_all_stops_every_child(scripts, tmp_path, gone):
+    procs = [
+        start_process(
+            [sys.executable, str(scripts["sleeper"])], name=f"s{i}", log_path=tmp_path / "s.log"
+        )
+        for i in range(3)
+    ]
+    stop_all(grace=2)
+    assert supervise.running_processes() == []
+    for proc in procs:
+        assert proc.returncode == -signal.SIGTERM
+        assert gone(proc.pid, timeout=0)
+
+
+def test_env_is_laid_over_environ_and_cwd_applies(tmp_path):
+    script = "import os; print(os.environ['TURNRL_X'], 'PATH' in os.environ, os.getcwd())"
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    proc = start_process(
+        [sys.executable, "-c", script],
+        name="env",
+        log_path=tmp_path / "e.log",
+        env={"TURNRL_X": "hello"},
+        cwd=workdir,
+    )
+    deadline = time.monotonic() + 20
+    while proc.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.stop() == 0
+    assert proc.tail(1) == f"hello True {workdir}"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "name", "error", "match"),
+    [
+        ([], "x", ValueError, "empty"),
+        ("python -c 1", "x", TypeError, "single string"),
+        (["python", 3], "x", TypeError, "only strings"),
+        (["python"], "", ValueError, "name"),
+    ],
+)
+def test_bad_start_arguments(cmd, name, error, match, tmp_path):
+    with pytest.raises(error, match=match):
+        start_process(cmd, name=name, log_path=tmp_path / "x.log")
+
+
+def test_missing_program_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such-engine"):
+        start_process(["no-such-engine-binary"], name="no-such-engine", log_path=tmp_path / "x.log")
+    assert supervise.running_processes() == []
+
+
+def test_bad_wait_and_stop_arguments(scripts, tmp_path, gone):
+    with start_process(
+        [sys.executable, str(scripts["sleeper"])], name="s", log_path=tmp_path / "s.log"
+    ) as proc:
+        for url in ("localhost:8000/health", "ftp://h/x", "http:///health"):
+            with pytest.raises(ValueError, match="health url"):
+                proc.wait_healthy(url, timeout=1)
+        with pytest.raises(ValueError, match="timeout"):
+            proc.wait_healthy("http://127.0.0.1:1/", timeout=0)
+        with pytest.raises(ValueError, match="interval"):
+            proc.wait_healthy("http://127.0.0.1:1/", timeout=1, interval=0)
+        with pytest.raises(ValueError, match="grace"):
+            proc.stop(grace=-1)
+        assert proc.alive
+    assert gone(proc.pid)
+
+
+def test_tail_of_missing_or_empty_log(tmp_path):
+    assert supervise._read_tail(tmp_path / "nope.log", 5) == ""
+    log = tmp_path / "l.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10_000)))
+    assert supervise._read_tail(log, 3) == "line 9997\nline 9998\nline 9999"
+    assert supervise._read_tail(log, 0) == ""
+
+
+# A parent Python process that supervises one sleeping child, prints the child's pid,
+# then either exits normally or waits to be signalled.
+PARENT = """
+import signal, sys, time
+from turnrl.npu_runtime.supervise import start_process
+mode, log = sys.argv[1], sys.argv[2]
+if mode == "chain":
+    def mine(sig, frame):
+        print("previous handler ran", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, mine)
+cmd = [sys.executable, "-c", "import time; time.sleep(600)"]
+if mode == "thread":
+    import threading
+    from turnrl.npu_runtime.supervise import install_signal_handlers
+    assert install_signal_handlers()
+    started = []
+    worker = threading.Thread(target=lambda: started.append(
+        start_process(cmd, name="child", log_path=log)))
+    worker.start()
+    worker.join()
+    proc = started[0]
+else:
+    proc = start_process(cmd, name="child", log_path=log)
+print(proc.pid, flush=True)
+if mode == "exit":
+    sys.stdin.readline()  # the test checks the child is up, then lets us exit
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+def _run_parent(
+    tmp_path: Path, mode: str, gone: Callable[..., bool]
+) -> tuple[subprocess.Popen[str], int]:
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(PARENT))
+    parent = subprocess.Popen(
+        [sys.executable, str(script), mode, str(tmp_path / "child.log")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert not gone(child, timeout=0)
+    return parent, child
+
+
+def _finish_parent(parent: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        out, _ = parent.communicate("go\n", timeout=30)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+    return parent.returncode, out
+
+
+def test_children_are_stopped_at_interpreter_exit(tmp_path, gone):
+    parent, child = _run_parent(tmp_path, "exit", gone)
+    code, _ = _finish_parent(parent)
+    assert code == 0
+    assert gone(child)
+
+
+@pytest.mark.parametrize(
+    ("sig", "expected_code"),
+    # An uncaught KeyboardInterrupt makes Python die of SIGINT too.
+    [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)],
+)
+def test_children_are_stopped_when_parent_is_signalled(tmp_path, sig, expected_code, gone):
+    parent, child = _run_parent(tmp_path, "wait", gone)
+    parent.send_signal(sig)
+    code, _ = _finish_parent(parent)
+    assert code == expected_code
+    assert gone(child)
+
+
+def test_children_started_from_a_thread_are_stopped_on_sigterm(tmp_path, gone):
+    parent, child = _run_parent(tmp_path, "thread", gone)
+    parent.send_signal(signal.SIGTERM)
+    code, _ = _finish_parent(parent)
+    assert code == -signal.SIGTERM
+    assert gone(child)
+
+
+def test_install_signal_handlers_from_a_thread_is_refused_until_main_did_it():
+    results: list[bool] = []
+    already = supervise._handlers_installed
+    worker = threading.Thread(target=lambda: results.append(supervise.install_signal_handlers()))
+    worker.start()
+    worker.join()
+    assert results == [already]
+
+
+def test_previous_sigterm_handler_is_chained(tmp_path, gone):
+    parent, child = _run_parent(tmp_path, "chain", gone)
+    parent.send_signal(signal.SIGTERM)
+    code, out = _finish_parent(parent)
+    assert code == 7
+    assert "previous handler ran" in out
+    assert gone(child)
