@@ -15,7 +15,7 @@ import nox
 
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "deps", "tests", "wheel", "engine-cpu"]
+nox.options.sessions = ["lint", "typecheck", "deps", "tests", "wheel", "megatron", "engine-cpu"]
 
 ROOT = Path(__file__).parent
 PYTHONS = ["3.11", "3.12"]
@@ -105,6 +105,14 @@ def engine_cpu(session: nox.Session) -> None:
     session.run("python", "-m", "turnrl.rollout_router.engine_env", "--device", "cpu")
     session.run("pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "vllm",
                 "--timeout=900", *session.posargs)  # fmt: skip
+
+
+@nox.session(python="3.11", tags=["megatron"])
+def megatron(session: nox.Session) -> None:
+    """grpo-core's megatron-core backend on CPU (gloo, world size 1)."""
+    _sync(session, "grpo-core", "--extra", "megatron")
+    session.run("pytest", "packages/grpo-core/tests", "-m", "megatron", "--timeout=600",
+                *session.posargs)  # fmt: skip
 
 
 def _device_session(session: nox.Session, device: str) -> None:
