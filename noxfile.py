@@ -85,7 +85,10 @@ def typecheck(session: nox.Session) -> None:
         "uv", "sync", "--locked", "--all-packages", "--no-default-groups", "--group", "dev",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )  # fmt: skip
-    session.run("mypy", *[f"packages/{p}/src" for p in PACKAGES])
+    # Namespace packages: point mypy at every src/ root and check each package by name.
+    mypy_path = os.pathsep.join(f"packages/{p}/src" for p in PACKAGES)
+    modules = [arg for p in PACKAGES for arg in ("-p", f"turnrl.{p.replace('-', '_')}")]
+    session.run("mypy", *modules, env={"MYPYPATH": mypy_path})
 
 
 @nox.session(python="3.11", tags=["lint"])
