@@ -105,9 +105,14 @@ def engine_cpu(session: nox.Session) -> None:
         "uv", "sync", "--locked", "--no-default-groups", "--all-packages", "--group", "test",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )  # fmt: skip
-    session.run("python", "-m", "turnrl.rollout_router.engine_env", "--device", "cpu")
+    out = session.run(
+        "python", "-m", "turnrl.rollout_router.engine_env", "--device", "cpu", silent=True
+    )  # fmt: skip
+    engine_python = str(out).strip().splitlines()[-1] if out else ""
+    session.log(f"engine python: {engine_python}")
     session.run("pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "vllm",
-                "--timeout=900", *session.posargs)  # fmt: skip
+                "--timeout=900", *session.posargs,
+                env={"TURNRL_ENGINE_PYTHON": engine_python})  # fmt: skip
 
 
 @nox.session(python="3.11", tags=["megatron"])

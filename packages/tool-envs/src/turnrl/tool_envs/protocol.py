@@ -42,6 +42,8 @@ class Generation:
     """Log-probability of each generated token under the sampling distribution."""
     finish_reason: FinishReason
     """``stop`` (stop token/string), ``length`` (max_tokens reached) or ``abort``."""
+    stop_reason: str | int | None = None
+    """For ``stop``: the stop string matched (str) or stop token id (int); None if unknown."""
 
 
 @runtime_checkable

