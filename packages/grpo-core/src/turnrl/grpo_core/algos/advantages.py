@@ -23,7 +23,7 @@ Sequence-level estimators are broadcast to tokens by multiplying with the loss m
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import torch
 
@@ -38,7 +38,7 @@ ADVANTAGE_METHODS: tuple[str, ...] = (
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
 )
-GroupIds = torch.Tensor | Sequence[Hashable]
+GroupIds: TypeAlias = torch.Tensor | Sequence[Hashable]
 
 
 def group_index(group_ids: GroupIds, num_samples: int) -> tuple[torch.Tensor, int]:
@@ -150,7 +150,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
-def discounted_returns(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(
+    rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """Discounted return of an outcome reward over the policy tokens of each sample.
 
     The reward sits on the last token with mask 1; each earlier policy token gets it

@@ -28,7 +28,9 @@ LOW_VAR_KL_CLAMP = 10.0
 """Bound on the k3 value itself."""
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_var_kl") -> torch.Tensor:
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_var_kl"
+) -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference policy.
 
     Args:
@@ -44,6 +46,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_v
     """
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
+    if kind in ("k3", "low_var_kl"):
+        return _low_var_kl(logp, ref_logp)
     delta = logp - ref_logp
     if kind in ("k1", "kl"):
         return delta
@@ -51,10 +55,16 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_v
         return delta.abs()
     if kind in ("k2", "mse"):
         return 0.5 * delta.square()
-    if kind in ("k3", "low_var_kl"):
-        neg = (-delta).clamp(-LOW_VAR_KL_LOG_RATIO_CLAMP, LOW_VAR_KL_LOG_RATIO_CLAMP)
-        return (neg.exp() - neg - 1).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
     raise ValueError(f"unknown KL kind {kind!r}; choose one of {KL_KINDS}")
+
+
+def _low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    log_ratio = (ref_logp - logp).clamp(-LOW_VAR_KL_LOG_RATIO_CLAMP, LOW_VAR_KL_LOG_RATIO_CLAMP)
+    if torch.is_grad_enabled() and log_ratio.requires_grad:
+        return (log_ratio.exp() - log_ratio - 1).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
+    # No autograd graph: reuse the buffers (same values, fewer allocations).
+    out = log_ratio.exp()
+    return out.sub_(log_ratio).sub_(1).clamp_(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
 
 
 def kl_in_reward(

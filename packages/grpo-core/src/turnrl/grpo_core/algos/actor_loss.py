@@ -1,0 +1,124 @@
+"""The full actor loss of one micro-batch: policy loss + KL loss - entropy bonus.
+
+    loss = agg(pg_loss) + kl_loss_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
+
+each term aggregated with the same mode and the same global counts, so micro-batches
+and ranks add up exactly to the mini-batch loss (see `aggregation`). Defaults follow the
+source recipes (clip 0.2 / 0.28, low_var_kl, token-mean); flag names follow slime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from turnrl.grpo_core.algos.aggregation import AggregationMode, aggregate_loss, masked_mean
+from turnrl.grpo_core.algos.kl import KLKind, kl_penalty
+from turnrl.grpo_core.algos.policy_loss import PolicyLossVariant, policy_loss
+
+
+@dataclass
+class ActorLossConfig:
+    """Hyper-parameters of the actor loss (slime flag in brackets)."""
+
+    policy_loss: PolicyLossVariant = "ppo"
+    """`ppo` (token ratio) or `gspo` (sequence ratio)."""
+    eps_clip: float = 0.2
+    """Lower clip range of the ratio (`--eps-clip`)."""
+    eps_clip_high: float = 0.28
+    """Upper clip range of the ratio (`--eps-clip-high`)."""
+    dual_clip_c: float | None = 3.0
+    """Dual-clip constant for negative advantages (`--eps-clip-c`); None disables."""
+    use_kl_loss: bool = False
+    """Add the KL-to-reference loss term (`--use-kl-loss`); needs `ref_logp`."""
+    kl_loss_coef: float = 0.0
+    """Weight of the KL loss term (`--kl-loss-coef`)."""
+    kl_loss_type: KLKind = "low_var_kl"
+    """KL estimator of the loss term (`--kl-loss-type`)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (`--entropy-coef`); needs `entropy`."""
+    loss_agg_mode: AggregationMode = "token-mean"
+    """How token losses are reduced (see `aggregate_loss`)."""
+    norm_length: float | None = None
+    """Constant length for `seq-mean-token-sum-norm`."""
+    tis_cap: float | None = None
+    """Truncated importance-sampling cap (e.g. 2.0); None disables (`--tis-clip`)."""
+
+
+@dataclass
+class ActorLossOutput:
+    """The scalar to backpropagate and detached metrics."""
+
+    loss: torch.Tensor
+    """This micro-batch's share of the mini-batch loss."""
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Detached scalars: `pg_loss`, `kl_loss`, `entropy`, plus the policy-loss metrics."""
+
+
+def actor_loss(
+    config: ActorLossConfig,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+    dp_size: int = 1,
+) -> ActorLossOutput:
+    """Combine policy, KL and entropy terms for one micro-batch.
+
+    Args:
+        config: Loss hyper-parameters.
+        logp: `[B, L]` current log-probs (with grad).
+        old_logp: `[B, L]` log-probs of the behaviour policy as recomputed by the trainer.
+        advantages: `[B]` or `[B, L]` advantages.
+        mask: `[B, L]` loss mask.
+        ref_logp: `[B, L]` reference log-probs (required when `use_kl_loss`).
+        entropy: `[B, L]` per-token entropy with grad (required when `entropy_coef != 0`).
+        rollout_logp: `[B, L]` engine log-probs (required when `tis_cap` is set).
+        global_num_tokens: See `aggregate_loss`.
+        global_num_seqs: See `aggregate_loss`.
+        dp_size: See `aggregate_loss`.
+
+    Returns:
+        `ActorLossOutput`.
+
+    Raises:
+        ValueError: When a term is enabled without its input, or on any error of the parts.
+    """
+
+    def agg(mat: torch.Tensor) -> torch.Tensor:
+        return aggregate_loss(
+            mat, mask, config.loss_agg_mode, global_num_tokens=global_num_tokens,
+            global_num_seqs=global_num_seqs, dp_size=dp_size, norm_length=config.norm_length,
+        )  # fmt: skip
+
+    pg = policy_loss(
+        logp, old_logp, advantages, mask, variant=config.policy_loss, eps_clip=config.eps_clip,
+        eps_clip_high=config.eps_clip_high, dual_clip_c=config.dual_clip_c,
+        rollout_logp=rollout_logp, tis_cap=config.tis_cap,
+    )  # fmt: skip
+    loss = agg(pg.loss_mat)
+    metrics = dict(pg.metrics)
+    metrics["pg_loss"] = loss.detach()
+    if config.use_kl_loss:
+        if ref_logp is None:
+            raise ValueError("use_kl_loss needs ref_logp (the reference model's log-probs)")
+        kl = kl_penalty(logp, ref_logp, config.kl_loss_type)
+        kl_loss = agg(kl)
+        loss = loss + config.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    if config.entropy_coef != 0:
+        if entropy is None:
+            raise ValueError("entropy_coef != 0 needs the per-token entropy")
+        ent = agg(entropy)
+        loss = loss - config.entropy_coef * ent
+        metrics["entropy"] = ent.detach()
+    elif entropy is not None:
+        metrics["entropy"] = masked_mean(entropy.detach(), mask.to(entropy.dtype))
+    return ActorLossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,196 @@
+"""Log-probs and entropy of labels from hidden states, in token chunks, with exact gradients.
+
+The output layer of a 150k-vocabulary model turns N hidden states into an `[N, V]` logit
+matrix; in fp32 at N = 16k that is ~10 GB, and the naive log-softmax + gather keeps
+several such buffers alive for backward. `chunked_logprobs` never builds it: a custom
+autograd function walks over chunks of `chunk_size` tokens, computes each chunk's logits
+in fp32, keeps only the per-token log-normaliser and entropy (`[N]`), and recomputes the
+chunk's logits in backward. Gradients are exact (same formulas as autograd through the
+naive computation):
+
+    z = h W^T / T,  log p = z - logsumexp(z),  H = -sum p log p
+    d log p_y / dz = onehot(y) - p,   dH / dz = -p * (log p + H)
+
+so dL/dz = g_logp * onehot(y) - p * (g_logp + g_ent * (log p + H)), then
+dL/dh = (dL/dz / T) W and dL/dW = (dL/dz / T)^T h (accumulated in fp32 across chunks).
+
+Peak extra memory is about two fp32 `[chunk_size, V]` buffers plus one in the input dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+"""Label value that gets log-prob 0 and no gradient (padding)."""
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = (h @ weight.T).to(_compute_dtype(h.dtype))  # [c, V] fp32 (fp64 for fp64 inputs)
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Autograd function behind `chunked_logprobs` (2-D hidden, 1-D labels)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        chunk_size: int,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        logp = torch.zeros(n, dtype=_compute_dtype(hidden.dtype), device=hidden.device)
+        lse = torch.zeros_like(logp)
+        entropy = torch.zeros_like(logp)
+        valid = labels != IGNORE_INDEX
+        safe = torch.where(valid, labels, torch.zeros_like(labels))
+        for start in range(0, n, chunk_size):
+            sl = slice(start, start + chunk_size)
+            z = _chunk_logits(hidden[sl], weight, temperature)
+            picked_z = z.gather(1, safe[sl, None]).squeeze(1)
+            logp_all = torch.log_softmax(z, dim=-1)
+            del z  # at most two [chunk, V] fp32 buffers live at once
+            picked = logp_all.gather(1, safe[sl, None]).squeeze(1)
+            logp[sl] = torch.where(valid[sl], picked, torch.zeros_like(picked))
+            lse[sl] = picked_z - picked  # log-normaliser: z_y - log p_y
+            if with_entropy:
+                entropy[sl] = -logp_all.exp().mul_(logp_all).sum(dim=-1)
+            del logp_all
+        ctx.save_for_backward(hidden, weight, safe, valid, lse, entropy)
+        ctx.chunk_size = chunk_size
+        ctx.temperature = temperature
+        ctx.with_entropy = with_entropy
+        return logp, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+        hidden, weight, labels, valid, lse, entropy = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n = hidden.shape[0]
+        cdt = _compute_dtype(hidden.dtype)
+        g_lp = (
+            torch.zeros(n, dtype=cdt, device=hidden.device)
+            if grad_logp is None
+            else grad_logp.to(cdt)
+        )
+        g_lp = torch.where(valid, g_lp, torch.zeros_like(g_lp))
+        g_ent = (
+            torch.zeros(n, dtype=cdt, device=hidden.device)
+            if grad_entropy is None
+            else grad_entropy.to(cdt)
+        )
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
+        for start in range(0, n, ctx.chunk_size):
+            sl = slice(start, start + ctx.chunk_size)
+            h = hidden[sl]
+            logp_all = _chunk_logits(h, weight, ctx.temperature).sub_(lse[sl, None])
+            if use_entropy:
+                # dz = -p * (g_lp + g_ent * (log p + H)), then + g_lp on the label.
+                p = logp_all.exp()
+                dz = logp_all.add_(entropy[sl, None]).mul_(g_ent[sl, None]).add_(g_lp[sl, None])
+                dz.mul_(p).neg_()
+                del p
+            else:  # dz = -p * g_lp, computed in the logits buffer
+                dz = logp_all.exp_().mul_(-g_lp[sl, None])
+            dz.scatter_add_(1, labels[sl, None], g_lp[sl, None])
+            if ctx.temperature != 1.0:
+                dz.div_(ctx.temperature)
+            if grad_h is not None:
+                grad_h[sl] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(dz.T, h.to(cdt))
+            del dz
+        grad_w_out = None if grad_w is None else grad_w.to(weight.dtype)
+        return grad_h, grad_w_out, None, None, None, None
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 256,
+    temperature: float = 1.0,
+    *,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `labels` (and optionally the entropy) under logits `hidden @ weight.T / T`.
+
+    Args:
+        hidden: `[..., H]` final hidden states (any float dtype; bf16 keeps the matmuls bf16).
+        weight: `[V, H]` output-layer (LM head) weight, same dtype as `hidden`.
+        labels: `[...]` int64 token ids to score; `IGNORE_INDEX` (-100) gives 0, no gradient.
+        chunk_size: Tokens per chunk; memory grows with `chunk_size * V`.
+        temperature: Sampling temperature (> 0) the logits are divided by.
+        return_entropy: Also return the per-token entropy (differentiable).
+
+    Returns:
+        `(logp, entropy)`: fp32 (fp64 for fp64 inputs) tensors shaped like `labels`; `entropy` is None unless asked.
+
+    Raises:
+        ValueError: On mismatched shapes or dtypes, a non-positive chunk size or temperature,
+            or labels outside [0, V).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"need hidden [..., H] and weight [V, H]; got {tuple(hidden.shape)}, {tuple(weight.shape)}"
+        )
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} must match hidden[..., :-1] {tuple(hidden.shape[:-1])}"
+        )
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) dtypes differ")
+    if labels.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"labels must be integer token ids, got {labels.dtype}")
+    flat_labels = labels.reshape(-1).long()
+    bad = (flat_labels != IGNORE_INDEX) & ((flat_labels < 0) | (flat_labels >= weight.shape[0]))
+    if bad.any():
+        raise ValueError(f"labels outside [0, {weight.shape[0]}) (and not {IGNORE_INDEX})")
+    logp, entropy = _ChunkedLogProbs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, flat_labels, chunk_size, temperature,
+        return_entropy,
+    )  # fmt: skip
+    logp = logp.reshape(labels.shape)
+    return logp, entropy.reshape(labels.shape) if return_entropy else None
+
+
+def naive_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: full logits, fp32 log-softmax and gather (materialises `[N, V]`).
+
+    Args:
+        hidden: `[..., H]` hidden states.
+        weight: `[V, H]` output weight.
+        labels: `[...]` token ids (no ignore index).
+        temperature: Logit temperature.
+
+    Returns:
+        `(logp, entropy)` fp32, shaped like `labels`.
+    """
+    logits = (hidden @ weight.T).float() / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+    return logp, entropy
