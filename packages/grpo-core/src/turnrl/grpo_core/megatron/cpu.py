@@ -1,0 +1,168 @@
+"""Run megatron-core models on the CPU: gloo process group plus four small shims.
+
+megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reaches:
+
+1. `RotaryEmbedding.get_emb` moves its CPU frequencies to `torch.cuda.current_device()`;
+   the shim computes the embedding on the frequencies' own device instead.
+2. The model-parallel RNG tracker (`get_cuda_rng_tracker`) stores and swaps CUDA
+   generator states (attention dropout and full recompute use it); the shim installs a
+   tracker whose states are CPU generator states.
+3. The attention core's scratch buffer (`GlobalMemoryBuffer`) is allocated on the current
+   CUDA device; the shim allocates it on the CPU.
+4. Full recompute (`tensor_parallel.checkpoint`) saves and restores the CUDA generator
+   state around the replayed forward; the shim points those two helpers
+   (`_get_cuda_rng_state` / `_set_cuda_rng_state`) at the CPU generator.
+
+The attention mask is not shimmed: Megatron's default causal mask is built on CUDA, so
+callers pass an explicit mask (`model.causal_attention_mask`, as `gpt_logprobs` does).
+
+`turnrl.grpo_core.megatron.parallel.model_parallel(device="cpu")` starts a gloo group,
+installs these shims and seeds the tracker; on exit it undoes all of it. Megatron's
+optimizer, DDP wrapper and pipeline schedules stay CUDA-only, and sequence parallelism
+needs Transformer Engine or apex norms, so the CPU runs models (TP, recompute), weights
+and log-probs for correctness tests, not CPU training at scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from turnrl.grpo_core.megatron.model import require_megatron
+
+
+class CpuRNGStatesTracker:
+    """Megatron's named RNG-state tracker, holding CPU generator states.
+
+    Same interface as `megatron.core.tensor_parallel.random.CudaRNGStatesTracker`:
+    `fork(name)` runs a block under the named state and saves where it left off.
+    """
+
+    def __init__(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+        self._is_initialized = False
+
+    def is_initialized(self) -> bool:
+        """Whether any state was added or set."""
+        return self._is_initialized
+
+    def reset(self) -> None:
+        """Forget every state and seed."""
+        self.states_, self.seeds_, self._is_initialized = {}, set(), False
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        """A shallow copy of the name -> state mapping."""
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        """Replace the states (used by recompute to replay a forward)."""
+        self._is_initialized = True
+        self.states_ = states
+
+    def add(self, name: str, seed: int) -> None:
+        """Track a new state `name` seeded with `seed` (both must be new)."""
+        if seed in self.seeds_:
+            raise ValueError(f"RNG seed {seed} is already tracked")
+        if name in self.states_:
+            raise ValueError(f"RNG state {name!r} already exists")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        """Run the block with the CPU RNG at state `name`, then restore the previous state."""
+        if name not in self.states_:
+            raise KeyError(f"RNG state {name!r} was not added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+
+def _cpu_get_emb(original: Any) -> Any:
+    def get_emb(self: Any, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        if self.inv_freq.device.type != "cpu":
+            return original(self, max_seq_len, offset)
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # [s, d/2]
+        if self.rotary_interleaved:
+            emb = torch.stack((freqs, freqs), dim=-1).reshape(freqs.shape[0], -1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]  # [s, 1, 1, d]
+
+    return get_emb
+
+
+def _cpu_memory_buffer_class(base: type) -> type:
+    class CpuMemoryBuffer(base):  # type: ignore[valid-type, misc]
+        """Megatron's global scratch buffer, allocated on the CPU."""
+
+        def get_tensor(
+            self, tensor_shape: Any, dtype: torch.dtype, name: str, mem_alloc_context: Any = None
+        ) -> torch.Tensor:
+            numel = 1
+            for size in tensor_shape:
+                numel *= size
+            buffer = self.buffer.get((name, dtype))
+            if buffer is None or buffer.numel() < numel:
+                buffer = self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype)
+            return buffer[:numel].view(*tensor_shape)
+
+    return CpuMemoryBuffer
+
+
+def _cpu_get_rng_state(*_args: Any, clone: bool = False, **_kwargs: Any) -> torch.Tensor:
+    state = torch.get_rng_state()
+    return state.clone() if clone else state
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, *_args: Any, **_kwargs: Any) -> None:
+    torch.set_rng_state(new_state)
+
+
+@contextlib.contextmanager
+def cpu_shims() -> Iterator[None]:
+    """Install the four CPU shims (RoPE, RNG tracker, scratch buffer, RNG state); undo on exit.
+
+    Use after `parallel_state.initialize_model_parallel` (the buffer is replaced then).
+    """
+    require_megatron()
+    from megatron.core import parallel_state
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.tensor_parallel import random as mpu_random
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    rope = rotary_pos_embedding.RotaryEmbedding
+    saved = (
+        rope.get_emb,
+        mpu_random._CUDA_RNG_STATE_TRACKER,
+        mpu_random._CUDA_RNG_STATE_TRACKER_INITIALIZED,
+        parallel_state._GLOBAL_MEMORY_BUFFER,
+        mpu_random._get_cuda_rng_state,
+        mpu_random._set_cuda_rng_state,
+    )
+    rope.get_emb = _cpu_get_emb(rope.get_emb)  # type: ignore[method-assign]
+    mpu_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mpu_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    parallel_state._GLOBAL_MEMORY_BUFFER = _cpu_memory_buffer_class(GlobalMemoryBuffer)()
+    mpu_random._get_cuda_rng_state = _cpu_get_rng_state
+    mpu_random._set_cuda_rng_state = _cpu_set_rng_state
+    try:
+        yield
+    finally:
+        (
+            rope.get_emb,
+            mpu_random._CUDA_RNG_STATE_TRACKER,
+            mpu_random._CUDA_RNG_STATE_TRACKER_INITIALIZED,
+            parallel_state._GLOBAL_MEMORY_BUFFER,
+            mpu_random._get_cuda_rng_state,
+            mpu_random._set_cuda_rng_state,
+        ) = saved

@@ -1,0 +1,280 @@
+"""Build megatron-core `GPTModel`s for the Qwen family, load Hugging Face weights, score tokens.
+
+- `build_transformer_config(arch, parallel)`: megatron-core `TransformerConfig` from
+  `config.transformer_config_kwargs`.
+- `build_layer_spec(arch, spec)`: the decoder layer spec, Megatron's `local` modules or
+  Transformer Engine's (`te`, on GPUs with TE installed); RMSNorm and q/k layernorm as the
+  architecture says.
+- `build_gpt_model(arch, parallel)`: the `GPTModel` for this rank (RoPE with the model's
+  theta, tied or untied output layer, pre/post-process from the pipeline stage).
+- `load_hf_weights(model, hf_state, arch)` / `export_hf_weights(model, arch)`: Hugging Face
+  weights into this rank's shard, and the whole model back as a Hugging Face state dict.
+- `gpt_logprobs(model, input_ids, labels, ...)`: per-token log-probs (and entropy) of
+  `labels` with the logits split over tensor-parallel ranks (vocab-parallel, exact).
+
+megatron-core is an optional extra: `pip install "turnrl-grpo-core[megatron]"`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from turnrl.grpo_core.megatron.config import (
+    MegatronParallelConfig,
+    QwenArchitecture,
+    transformer_config_kwargs,
+)
+from turnrl.grpo_core.megatron.convert import (
+    SpecLayout,
+    StateDict,
+    hf_to_megatron,
+    megatron_to_hf,
+    merge_pipeline,
+    merge_tensor_parallel,
+    split_pipeline,
+    split_tensor_parallel,
+)
+
+INSTALL_HINT = 'pip install "turnrl-grpo-core[megatron]"  (or: uv sync --extra megatron)'
+
+
+def megatron_available() -> bool:
+    """Whether megatron-core is installed (without importing it)."""
+    return importlib.util.find_spec("megatron.core") is not None
+
+
+def require_megatron() -> None:
+    """Raise an `ImportError` naming the extra to install if megatron-core is missing."""
+    if not megatron_available():
+        raise ImportError(f"the megatron backend needs megatron-core: {INSTALL_HINT}")
+
+
+def build_transformer_config(
+    arch: QwenArchitecture, parallel: MegatronParallelConfig, *, cpu_initialization: bool = False
+) -> Any:
+    """megatron-core `TransformerConfig` for `arch` under `parallel` (see `config`)."""
+    require_megatron()
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kwargs = transformer_config_kwargs(arch, parallel, cpu_initialization=cpu_initialization)
+    kwargs["activation_func"] = torch.nn.functional.silu
+    kwargs["params_dtype"] = getattr(torch, kwargs["params_dtype"])
+    return TransformerConfig(**kwargs)
+
+
+def build_layer_spec(arch: QwenArchitecture, spec: SpecLayout = "local") -> Any:
+    """The decoder layer `ModuleSpec`: `local` (megatron-core modules) or `te` (Transformer Engine)."""
+    require_megatron()
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if spec == "local":
+        return gpt_layer_specs.get_gpt_layer_local_spec(
+            qk_layernorm=arch.qk_layernorm, normalization="RMSNorm"
+        )
+    if spec == "te":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=arch.qk_layernorm
+        )
+    raise ValueError(f"spec must be 'local' or 'te', got {spec!r}")
+
+
+def build_gpt_model(
+    arch: QwenArchitecture,
+    parallel: MegatronParallelConfig,
+    *,
+    spec: SpecLayout = "local",
+    cpu_initialization: bool = False,
+) -> Any:
+    """A megatron-core `GPTModel` for this rank; model-parallel groups must be initialised.
+
+    Args:
+        arch: The architecture (`QwenArchitecture.from_hf_config`).
+        parallel: Sizes, recompute and precision; must match the initialised groups.
+        spec: Layer implementation: `local` or `te`.
+        cpu_initialization: Create the parameters on the CPU (needed on a CPU-only machine).
+
+    Returns:
+        `megatron.core.models.gpt.GPTModel`, its parameters random until weights are loaded.
+
+    Raises:
+        ValueError: If the initialised tensor-parallel size differs from `parallel`'s, or
+            sequence parallelism is asked of the `local` spec without apex.
+    """
+    require_megatron()
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if tp != parallel.tensor_model_parallel_size:
+        raise ValueError(
+            f"model-parallel groups have TP {tp}, the config says {parallel.tensor_model_parallel_size}"
+        )
+    if spec == "local" and parallel.effective_sequence_parallel and not _have_apex():
+        raise ValueError(
+            "--sequence-parallel needs Transformer Engine (spec='te') or apex norms; "
+            "megatron-core's plain torch norms do not support it"
+        )
+    config = build_transformer_config(arch, parallel, cpu_initialization=cpu_initialization)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=build_layer_spec(arch, spec),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,  # type: ignore[arg-type]  # float theta (1e6) is fine
+    )
+
+
+def _have_apex() -> bool:
+    return importlib.util.find_spec("apex") is not None
+
+
+def _ranks() -> tuple[int, int, int, int]:
+    from megatron.core import parallel_state
+
+    return (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_rank(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+
+
+def _load_shard(model: torch.nn.Module, shard: Mapping[str, torch.Tensor]) -> None:
+    result = model.load_state_dict(dict(shard), strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise KeyError(
+            f"weights do not fit the model: missing {missing[:8]}, unexpected {result.unexpected_keys[:8]}"
+        )
+
+
+def load_hf_weights(
+    model: torch.nn.Module,
+    hf_state: Mapping[str, torch.Tensor],
+    arch: QwenArchitecture,
+    layout: SpecLayout = "local",
+) -> None:
+    """Copy a Hugging Face state dict into this rank's `GPTModel` (its TP shard and PP stage).
+
+    Raises:
+        KeyError: If the converted weights do not match the model's parameters exactly.
+    """
+    tp_rank, tp, pp_rank, pp = _ranks()
+    full = hf_to_megatron(hf_state, arch, layout)
+    stage = split_pipeline(full, arch, pp)[pp_rank]
+    with torch.no_grad():
+        _load_shard(model, split_tensor_parallel(stage, arch, tp)[tp_rank])
+
+
+def export_hf_weights(
+    model: torch.nn.Module, arch: QwenArchitecture, layout: SpecLayout = "local"
+) -> StateDict:
+    """The whole model as a Hugging Face state dict, gathered from every TP / PP rank (CPU tensors).
+
+    Every rank of the model-parallel group must call it; every rank gets the full result.
+    """
+    from megatron.core import parallel_state
+
+    tp_rank, tp, pp_rank, pp = _ranks()
+    local = {
+        k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("_extra_state")
+    }
+    if tp * pp == 1:
+        return megatron_to_hf(local, arch, layout)
+    group = parallel_state.get_model_parallel_group()
+    gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(gathered, (tp_rank, pp_rank, local), group=group)
+    by_rank = {(t, p): s for t, p, s in gathered}  # context-parallel ranks hold copies
+    stages = [merge_tensor_parallel([by_rank[t, p] for t in range(tp)], arch) for p in range(pp)]
+    return megatron_to_hf(merge_pipeline(stages, arch), arch, layout)
+
+
+def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) where the last dim is split over the tensor-parallel ranks."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    peak = logits.detach().max(dim=-1, keepdim=True).values
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=group)
+    sum_exp = reduce_from_tensor_model_parallel_region((logits - peak).exp().sum(-1, keepdim=True))
+    log_z = peak + sum_exp.log()  # [..., 1]
+    expected = reduce_from_tensor_model_parallel_region(((logits - log_z).exp() * logits).sum(-1))
+    return log_z.squeeze(-1) - expected  # H = log Z - E_p[z]
+
+
+def causal_attention_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """`[1, 1, s, s]` boolean mask, True where attention is blocked (future positions)."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)[None, None]
+
+
+def gpt_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs of `labels` under a `GPTModel` (one pipeline stage, CP 1), fp32.
+
+    Works under tensor parallelism (with or without sequence parallelism): the logits stay
+    split over the vocabulary and Megatron's vocab-parallel cross entropy combines them.
+
+    Args:
+        model: The model (its tensor-parallel output stays split over the vocabulary).
+        input_ids: `[B, S]` token ids.
+        labels: `[B, S]` the token to score at every position (usually `input_ids` shifted).
+        temperature: The logits are divided by it (> 0), as the sampler did.
+        return_entropy: Also return the per-token entropy (differentiable).
+        position_ids: `[B, S]` RoPE positions; default `0..S-1`.
+
+    Returns:
+        `(logp, entropy)`, each `[B, S]` fp32; `entropy` is None unless asked for.
+
+    Raises:
+        ValueError: On mismatched shapes, a non-positive temperature, or a model that is one
+            pipeline stage of several.
+        NotImplementedError: Under context parallelism (CP > 1).
+    """
+    require_megatron()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    if not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)):
+        raise ValueError(
+            "gpt_logprobs runs a whole model in one stage; with pipeline parallelism use "
+            "Megatron's pipeline schedules (forward_backward_func) instead"
+        )
+    if parallel_state.get_context_parallel_world_size() > 1:
+        raise NotImplementedError(
+            "gpt_logprobs does not split sequences over context-parallel ranks yet (CP > 1)"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if input_ids.dim() != 2 or labels.shape != input_ids.shape:
+        raise ValueError(
+            f"need input_ids and labels both [B, S]; got {tuple(input_ids.shape)}, {tuple(labels.shape)}"
+        )
+    batch, seq = input_ids.shape
+    if position_ids is None:
+        position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
+    mask = causal_attention_mask(seq, input_ids.device)
+    logits = model(input_ids, position_ids, mask)  # [B, S, V / TP]
+    logits = logits.float() / temperature
+    entropy = _vocab_parallel_entropy(logits) if return_entropy else None
+    # Megatron's cross entropy takes [S, B, V/TP] and [S, B], returns -log p, and shifts its
+    # input in place: give it a copy so `logits` stays intact for the entropy's backward.
+    sbv = logits.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+    logp = -vocab_parallel_cross_entropy(sbv, labels.t().contiguous()).t()
+    return logp, entropy

@@ -1,0 +1,167 @@
+"""Qwen architecture from Hugging Face configs, Megatron flags, and the TransformerConfig mapping.
+
+No megatron-core needed: these run in every test session.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from transformers import Qwen2Config, Qwen3Config
+
+from turnrl.grpo_core.megatron import (
+    MegatronParallelConfig,
+    QwenArchitecture,
+    add_megatron_args,
+    parallel_config_from_args,
+    parse_megatron_args,
+    transformer_config_kwargs,
+)
+
+# The model block of the tau-bench NPU script: Qwen3-4B-Instruct-2507.
+QWEN3_4B = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 5000000,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "hidden_act": "silu",
+}
+# The same script's Megatron flags (TP 2, sequence parallel, full recompute).
+SCRIPT_FLAGS = [
+    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+    "--pipeline-model-parallel-size", "1", "--context-parallel-size", "1",
+    "--recompute-granularity", "full", "--recompute-method", "uniform",
+    "--recompute-num-layers", "1", "--bf16",
+]  # fmt: skip
+
+
+def test_qwen3_4b_config_json_maps_every_field() -> None:
+    arch = QwenArchitecture.from_hf_config(QWEN3_4B)
+    assert arch.num_layers == 36 and arch.hidden_size == 2560 and arch.ffn_hidden_size == 9728
+    assert (arch.num_attention_heads, arch.num_query_groups, arch.heads_per_group) == (32, 8, 4)
+    assert arch.head_dim == 128 != arch.hidden_size // arch.num_attention_heads  # Qwen3 sets it
+    assert arch.rope_theta == 5e6 and arch.rms_norm_eps == 1e-6
+    assert arch.qk_layernorm and not arch.qkv_bias and arch.tie_word_embeddings
+
+
+def test_transformers_config_objects_qwen2_has_bias_and_derived_head_dim() -> None:
+    qwen2 = QwenArchitecture.from_hf_config(
+        Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6)
+    )
+    assert qwen2.model_type == "qwen2" and qwen2.qkv_bias and not qwen2.qk_layernorm
+    assert qwen2.head_dim == 64 and qwen2.rope_theta == 1e6
+    qwen3 = QwenArchitecture.from_hf_config(Qwen3Config(attention_bias=True, rope_theta=123.0))
+    assert qwen3.qkv_bias and qwen3.qk_layernorm and qwen3.rope_theta == 123.0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "llama"}, "not supported"),
+        ({"model_type": "qwen3_moe"}, "not supported"),
+        ({"hidden_act": "gelu"}, "silu"),
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"num_key_value_heads": 5}, "multiple"),
+        ({"rope_theta": None}, "rope_theta"),
+    ],
+)
+def test_unsupported_configs_are_rejected(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        QwenArchitecture.from_hf_config({**QWEN3_4B, **change})
+
+
+def test_script_flags_parse_to_the_parallel_config_and_leave_others() -> None:
+    parallel, rest = parse_megatron_args([*SCRIPT_FLAGS, "--lr", "1e-6"])
+    assert rest == ["--lr", "1e-6"]
+    assert parallel == MegatronParallelConfig(
+        tensor_model_parallel_size=2, sequence_parallel=True, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, bf16=True,
+    )  # fmt: skip
+    assert parallel.effective_sequence_parallel and parallel.model_parallel_size == 2
+
+
+def test_flags_on_an_existing_parser() -> None:
+    parser = add_megatron_args(argparse.ArgumentParser())
+    parser.add_argument("--eps-clip", type=float)
+    args = parser.parse_args(["--context-parallel-size", "2", "--eps-clip", "0.2"])
+    assert parallel_config_from_args(args).context_parallel_size == 2
+
+
+def test_transformer_config_kwargs_for_the_script() -> None:
+    parallel, _ = parse_megatron_args(SCRIPT_FLAGS)
+    kw = transformer_config_kwargs(QwenArchitecture.from_hf_config(QWEN3_4B), parallel)
+    assert kw["num_query_groups"] == 8 and kw["kv_channels"] == 128
+    assert (
+        kw["normalization"] == "RMSNorm"
+        and kw["gated_linear_unit"]
+        and kw["activation_func"] == "silu"
+    )
+    assert kw["qk_layernorm"] and not kw["add_qkv_bias"] and not kw["add_bias_linear"]
+    assert kw["tensor_model_parallel_size"] == 2 and kw["sequence_parallel"]
+    assert (kw["recompute_granularity"], kw["recompute_method"], kw["recompute_num_layers"]) == (
+        "full", "uniform", 1,
+    )  # fmt: skip
+    assert kw["params_dtype"] == "bfloat16" and kw["bf16"]
+    assert not kw["masked_softmax_fusion"] and not kw["use_cpu_initialization"]
+
+
+def test_sequence_parallel_is_off_without_tensor_parallelism() -> None:
+    parallel = MegatronParallelConfig(sequence_parallel=True)
+    assert not parallel.effective_sequence_parallel
+    kw = transformer_config_kwargs(QwenArchitecture.from_hf_config(QWEN3_4B), parallel)
+    assert kw["sequence_parallel"] is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
+        ({"context_parallel_size": -1}, "context_parallel_size"),
+        ({"recompute_granularity": "full"}, "needs --recompute-method"),
+        (
+            {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 0,
+            },
+            ">= 1",
+        ),
+        ({"recompute_method": "uniform", "recompute_num_layers": 1}, "only apply"),
+        ({"recompute_granularity": "some"}, "full or selective"),
+        ({"attention_dropout": 1.0}, "attention_dropout"),
+    ],
+)
+def test_bad_parallel_settings_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MegatronParallelConfig(**kwargs)
+
+
+def test_bad_flag_values_are_rejected_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        parse_megatron_args(["--recompute-granularity", "partial"])
+
+
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        (MegatronParallelConfig(tensor_model_parallel_size=16), "num_key_value_heads"),
+        (MegatronParallelConfig(tensor_model_parallel_size=3), "num_attention_heads"),
+        (MegatronParallelConfig(pipeline_model_parallel_size=5), "num_hidden_layers"),
+    ],
+)
+def test_sizes_that_do_not_divide_the_model_are_rejected(
+    parallel: MegatronParallelConfig, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        transformer_config_kwargs(QwenArchitecture.from_hf_config(QWEN3_4B), parallel)
