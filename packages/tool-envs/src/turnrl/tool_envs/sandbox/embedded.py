@@ -1,0 +1,140 @@
+"""Start ``turnrl-sandbox serve`` as a child process and stop it again (tests, apps, benchmarks).
+
+    with EmbeddedSandbox() as sandbox:
+        client = SandboxClient(SandboxClientConfig(url=sandbox.url))
+
+The server runs in its own process group; :meth:`EmbeddedSandbox.stop` ends that group
+(the fork servers inside it also die with their parent).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import TracebackType
+
+import requests
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedSandbox:
+    """A sandbox server child process on a loopback port."""
+
+    def __init__(self, *args: str, port: int | None = None, token: str | None = None,
+                 startup_timeout: float = 60.0) -> None:  # fmt: skip
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        self.extra_args = list(args)
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> EmbeddedSandbox:
+        """Start the server and wait until ``/v1/ping`` answers."""
+        cmd = [sys.executable, "-m", "turnrl.tool_envs.sandbox.cli", "serve",
+               "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "TURNRL_SANDBOX_TOKEN"}
+        if self.token:
+            env["TURNRL_SANDBOX_TOKEN"] = self.token
+        self.process = subprocess.Popen(cmd, start_new_session=True, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sandbox server exited with code {self.process.returncode}")
+            try:
+                if requests.get(f"{self.url}/v1/ping", timeout=1).ok:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"sandbox server did not answer within {self.startup_timeout}s")
+
+    def ping(self) -> dict[str, object]:
+        """The server's ``/v1/ping`` answer."""
+        answer: dict[str, object] = requests.get(f"{self.url}/v1/ping", timeout=5).json()
+        return answer
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, then SIGKILL it if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        pgid = self.process.pid
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+        try:  # fork servers share the group; make sure none survived
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def processes(self) -> list[int]:
+        """Pids of live processes running as one of this server's run uids."""
+        found = []
+        for entry in self.ping()["isolation"]:  # type: ignore[attr-defined]
+            low, high = entry.get("uids", (0, 0))
+            found += sandbox_processes(low, high - low)
+        return found
+
+    def __enter__(self) -> EmbeddedSandbox:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.stop()
+
+
+def sandbox_processes(base_uid: int = 2_000_000, count: int = 1 << 27) -> list[int]:
+    """Pids of live processes whose uid is in ``base_uid`` .. ``base_uid + count - 1``.
+
+    The default range covers every server's run uids; ``EmbeddedSandbox.processes`` looks
+    only at one server's.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
+        state = next((line for line in status.splitlines() if line.startswith("State:")), "")
+        uids = [int(u) for u in uid_line.split()[1:]]
+        if uids and base_uid <= uids[0] < base_uid + count and "zombie" not in state:
+            found.append(int(entry))
+    return found
+
+
+_SHARED: dict[tuple[str, ...], EmbeddedSandbox] = {}
+
+
+def shared_sandbox(*args: str) -> EmbeddedSandbox:
+    """One running server per argument list for this whole process, stopped at its exit.
+
+    For test suites and notebooks that would otherwise start a server per module.
+    """
+    server = _SHARED.get(args)
+    if server is None or server.process is None or server.process.poll() is not None:
+        server = _SHARED[args] = EmbeddedSandbox(*args).start()
+        atexit.register(server.stop)
+    return server
+
+
+TEST_SERVER_ARGS = ("--max-output-bytes", "65536", "--max-processes", "32")
+"""The server options turnrl's own sandbox tests share (small output cap, 32 processes)."""
