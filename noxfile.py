@@ -111,7 +111,7 @@ def engine_cpu(session: nox.Session) -> None:
     engine_python = str(out).strip().splitlines()[-1] if out else ""
     session.log(f"engine python: {engine_python}")
     session.run("pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "vllm",
-                "--timeout=900", *session.posargs,
+                "--import-mode=importlib", "--timeout=900", *session.posargs,
                 env={"TURNRL_ENGINE_PYTHON": engine_python})  # fmt: skip
 
 

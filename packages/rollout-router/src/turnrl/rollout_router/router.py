@@ -1,0 +1,475 @@
+"""In-process router over several engines: the zero-hop path the trainer uses.
+
+Choice of engine for a request:
+
+1. A session already seen goes back to its engine (sticky sessions, so a multi-turn
+   episode reuses that engine's prefix cache) -- if that engine is usable and below its
+   concurrency cap. The session table is a bounded LRU whose entries expire.
+2. Otherwise the usable engine with the fewest requests in flight that is below its cap
+   (``--vllm-server-concurrency``, default 8). When every usable engine is at its cap the
+   request waits for a free slot.
+
+"Usable" is decided by a circuit breaker per engine: ``closed`` (serving), ``open``
+(after ``failure_threshold`` consecutive failures: no traffic for a cooldown that doubles
+on each failed probe, up to a cap), ``half_open`` (cooldown over: one probe -- a real
+request or a health check -- closes it again or re-opens it). When every engine is open
+the one whose cooldown ends first is half-opened at once, so the router never ends with
+every engine shut and no way back. A background health loop checks ``/health`` of every
+engine, which also recovers engines when no traffic arrives.
+
+A request that fails before producing any token (engine unreachable, HTTP 5xx) is retried
+on another engine; one that fails after producing tokens is never retried (the partial
+tokens are in the :class:`PartialGenerationError`). Engines can be added and removed
+while requests run; per-engine metrics count requests, errors, tokens and latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.protocol import (
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    Generation,
+    NoEngineAvailableError,
+)
+
+T = TypeVar("T")
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+@dataclass
+class RouterConfig:
+    """Routing, capacity and failure-handling settings."""
+
+    max_concurrency_per_engine: int = 8
+    """Requests one engine serves at once (slime/vime ``--vllm-server-concurrency``)."""
+    sticky_max_sessions: int = 100_000
+    """Sessions remembered (least recently used are forgotten first)."""
+    sticky_ttl: float = 1800.0
+    """Seconds after its last request that a session's engine is forgotten."""
+    failure_threshold: int = 3
+    """Consecutive failures that open an engine's circuit."""
+    open_cooldown: float = 1.0
+    """Seconds an opened circuit stays shut before a half-open probe."""
+    max_open_cooldown: float = 30.0
+    """Cap of the cooldown, which doubles after every failed probe."""
+    health_interval: float = 0.5
+    """Seconds between health checks of every engine (0 disables the loop)."""
+    health_timeout: float = 1.0
+    """Seconds a health check may take."""
+    max_attempts: int = 3
+    """Engines tried for one request (retries happen only before any token)."""
+    acquire_timeout: float | None = None
+    """Seconds to wait for a free slot when all engines are at their cap (None: forever)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency_per_engine", "sticky_max_sessions", "failure_threshold",
+                     "max_attempts"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("sticky_ttl", "open_cooldown", "max_open_cooldown", "health_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.health_interval < 0:
+            raise ValueError(f"health_interval must be >= 0, got {self.health_interval}")
+
+
+@dataclass
+class EngineState:
+    """One engine as the router sees it: its client, circuit and metrics."""
+
+    client: EngineClient
+    """HTTP client of the engine."""
+    circuit: str = CLOSED
+    """``closed``, ``open`` or ``half_open``."""
+    consecutive_failures: int = 0
+    """Failures since the last success."""
+    cooldown: float = 1.0
+    """Current cooldown of the open circuit, seconds."""
+    opened_at: float = 0.0
+    """Monotonic time the circuit last opened."""
+    probing: bool = False
+    """A half-open probe is in flight."""
+    removed: bool = False
+    """Removed from the router: finishes its requests, takes no new ones."""
+    in_flight: int = 0
+    """Requests routed here and not finished."""
+    dispatched_total: int = 0
+    """Requests sent here (tie-break of least-in-flight, so sequential load alternates)."""
+    requests_total: int = 0
+    """Requests finished successfully."""
+    errors_total: int = 0
+    """Requests and health checks that failed."""
+    tokens_total: int = 0
+    """Tokens generated through :meth:`Router.generate`."""
+    latency_sum: float = 0.0
+    """Sum of successful request latencies, seconds."""
+    recent_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    """Latest successful latencies (for percentiles)."""
+    last_error: str = ""
+    """Text of the latest failure."""
+
+    @property
+    def url(self) -> str:
+        """The engine's base URL."""
+        return self.client.url
+
+
+class Router:
+    """Routes token-in/token-out requests across engines (meets ``TokenEngine``).
+
+    Example::
+
+        async with Router(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as router:
+            gen = await router.generate(prompt_ids, SamplingParams(max_tokens=64), "episode-7")
+    """
+
+    def __init__(self, engines: list[str] | None = None, config: RouterConfig | None = None,
+                 client_factory: Callable[[str], EngineClient] = EngineClient) -> None:  # fmt: skip
+        self.config = config or RouterConfig()
+        """Routing settings."""
+        self._client_factory = client_factory
+        self._engines: dict[str, EngineState] = {}
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._health_task: asyncio.Task[None] | None = None
+        for url in engines or []:
+            self.add_engine(url)
+
+    # ------------------------------------------------------------ engines
+    def add_engine(self, url: str) -> EngineState:
+        """Add an engine (or bring back a removed one); it serves new requests at once."""
+        url = url.rstrip("/")
+        state = self._engines.get(url)
+        if state is not None and not state.removed:
+            raise ValueError(f"engine {url} is already in the router")
+        state = EngineState(client=self._client_factory(url), cooldown=self.config.open_cooldown)
+        self._engines[url] = state
+        self._notify()
+        return state
+
+    async def remove_engine(self, url: str, *, abort: bool = False,
+                            drain_timeout: float = 10.0) -> None:  # fmt: skip
+        """Take an engine out: no new requests; its in-flight ones finish (or are aborted).
+
+        Raises:
+            KeyError: unknown engine.
+        """
+        url = url.rstrip("/")
+        state = self._engines.get(url)
+        if state is None or state.removed:
+            raise KeyError(f"engine {url} is not in the router")
+        state.removed = True
+        for sid in [s for s, (u, _) in self._sessions.items() if u == url]:
+            del self._sessions[sid]
+        if abort:
+            await state.client.abort(state.client.in_flight(), drain_timeout)
+        if state.in_flight == 0:
+            await self._forget(state)
+
+    async def _forget(self, state: EngineState) -> None:
+        if self._engines.get(state.url) is state:
+            del self._engines[state.url]
+        await state.client.close()
+
+    @property
+    def engines(self) -> list[EngineState]:
+        """Engines currently in rotation (not removed)."""
+        return [e for e in self._engines.values() if not e.removed]
+
+    def engine(self, url: str) -> EngineState:
+        """The state of one engine by URL."""
+        return self._engines[url.rstrip("/")]
+
+    # ------------------------------------------------------------ sessions
+    def session_engine(self, session_id: str) -> str | None:
+        """The engine a session sticks to, if remembered and not expired."""
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[1] > self.config.sticky_ttl:
+            del self._sessions[session_id]
+            return None
+        return entry[0]
+
+    def _remember(self, session_id: str, url: str) -> None:
+        self._sessions[session_id] = (url, time.monotonic())
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.config.sticky_max_sessions:
+            self._sessions.popitem(last=False)
+
+    # ------------------------------------------------------------ circuit
+    def _usable(self, e: EngineState, now: float) -> bool:
+        if e.removed:
+            return False
+        if e.circuit == CLOSED:
+            return True
+        if e.circuit == OPEN and now - e.opened_at >= e.cooldown:
+            e.circuit = HALF_OPEN
+        return e.circuit == HALF_OPEN and not e.probing
+
+    def _open(self, e: EngineState, now: float) -> None:
+        if e.circuit == HALF_OPEN:  # a failed probe: back off harder
+            e.cooldown = min(e.cooldown * 2, self.config.max_open_cooldown)
+        e.circuit, e.opened_at, e.probing = OPEN, now, False
+        for sid in [s for s, (u, _) in self._sessions.items() if u == e.url]:
+            del self._sessions[sid]
+
+    def _failure(self, e: EngineState, error: BaseException) -> None:
+        e.errors_total += 1
+        e.consecutive_failures += 1
+        e.last_error = f"{type(error).__name__}: {error}"
+        if e.circuit == HALF_OPEN or e.consecutive_failures >= self.config.failure_threshold:
+            self._open(e, time.monotonic())
+
+    def _success(self, e: EngineState) -> None:
+        e.consecutive_failures = 0
+        if e.circuit != CLOSED:
+            e.circuit, e.cooldown, e.probing = CLOSED, self.config.open_cooldown, False
+
+    # ------------------------------------------------------------ choice
+    def _pick(self, session_id: str | None, exclude: set[str]) -> EngineState | None:
+        now = time.monotonic()
+        cap = self.config.max_concurrency_per_engine
+        if session_id is not None:
+            url = self.session_engine(session_id)
+            e = self._engines.get(url) if url else None
+            if e is not None and url not in exclude and e.in_flight < cap and self._usable(e, now):
+                return e
+        best: EngineState | None = None
+        for e in self._engines.values():
+            if e.url in exclude or e.in_flight >= cap or not self._usable(e, now):
+                continue
+            if best is None or (e.in_flight, e.dispatched_total) < (
+                best.in_flight, best.dispatched_total):  # fmt: skip
+                best = e
+        return best
+
+    def _last_resort(self, exclude: set[str]) -> EngineState | None:
+        """Every engine is open: half-open the one whose cooldown ends first."""
+        shut = [e for e in self._engines.values()
+                if not e.removed and e.url not in exclude and e.circuit != CLOSED
+                and not e.probing]  # fmt: skip
+        closed = [e for e in self._engines.values()
+                  if not e.removed and e.url not in exclude and e.circuit == CLOSED]  # fmt: skip
+        if not shut or closed:
+            return None
+        e = min(shut, key=lambda s: s.opened_at + s.cooldown)
+        e.circuit = HALF_OPEN
+        return e if e.in_flight < self.config.max_concurrency_per_engine else None
+
+    async def _acquire(self, session_id: str | None, exclude: set[str]) -> EngineState:
+        loop = asyncio.get_running_loop()
+        timeout = self.config.acquire_timeout
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            e = self._pick(session_id, exclude) or self._last_resort(exclude)
+            if e is not None:
+                if e.circuit == HALF_OPEN:
+                    e.probing = True
+                e.in_flight += 1
+                e.dispatched_total += 1
+                if session_id is not None:
+                    self._remember(session_id, e.url)
+                return e
+            candidates = [u for u, s in self._engines.items() if not s.removed and u not in exclude]
+            if not candidates:
+                raise NoEngineAvailableError(self._no_engine_message(exclude))
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise NoEngineAvailableError(
+                    f"no free slot on {len(candidates)} engine(s) within {timeout}s"
+                )
+            waiter = loop.create_future()
+            self._waiters.add(waiter)
+            try:  # re-check at least every 0.25 s: cooldowns expire without a notification
+                await asyncio.wait_for(waiter, 0.25 if left is None else min(left, 0.25))
+            except TimeoutError:
+                pass
+            finally:
+                self._waiters.discard(waiter)
+
+    def _no_engine_message(self, tried: set[str]) -> str:
+        if not self._engines:
+            return "the router has no engines"
+        parts = [f"{e.url} ({e.circuit}{', removed' if e.removed else ''}: {e.last_error or '-'})"
+                 for e in self._engines.values()]  # fmt: skip
+        return f"no engine can take the request (tried {len(tried)}): " + "; ".join(parts)
+
+    def _release(self, e: EngineState) -> None:
+        e.in_flight -= 1
+        e.probing = False  # a probe is over whatever its outcome; half-open engines re-probe
+        if e.removed and e.in_flight == 0:
+            asyncio.get_running_loop().create_task(self._forget(e))
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every request waiting for a slot (they re-check)."""
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    # ------------------------------------------------------------ requests
+    async def call(self, session_id: str | None,
+                   fn: Callable[[EngineState], Awaitable[T]]) -> T:  # fmt: skip
+        """Run ``fn`` on a chosen engine, retrying on another while nothing was produced.
+
+        ``fn`` signals a retryable failure with :class:`EngineUnavailableError`; any
+        other exception (a :class:`PartialGenerationError`, an HTTP 4xx) is final. Only
+        engine-side failures count toward opening the engine's circuit.
+        """
+        tried: set[str] = set()
+        last: BaseException | None = None
+        for _ in range(self.config.max_attempts):
+            try:
+                e = await self._acquire(session_id, tried)
+            except NoEngineAvailableError as exc:
+                raise exc from last
+            start = time.perf_counter()
+            try:
+                result = await fn(e)
+            except EngineUnavailableError as exc:
+                self._failure(e, exc)
+                tried.add(e.url)
+                last = exc
+                if session_id is not None and self.session_engine(session_id) == e.url:
+                    del self._sessions[session_id]
+                continue
+            except EngineRequestError:
+                self._success(e)  # the engine answered: the request itself was bad
+                raise
+            except EngineError as exc:  # failed after tokens, or a malformed stream
+                self._failure(e, exc)
+                raise
+            finally:
+                self._release(e)
+            elapsed = time.perf_counter() - start
+            self._success(e)
+            e.requests_total += 1
+            e.latency_sum += elapsed
+            e.recent_latencies.append(elapsed)
+            return result
+        raise NoEngineAvailableError(
+            f"request failed on {len(tried)} engine(s) before any token: {last}"
+        ) from last
+
+    async def generate(self, prompt_ids: list[int], sampling: Any = None,
+                       session_id: str | None = None) -> Generation:  # fmt: skip
+        """Generate on the chosen engine (see the module docstring for the choice)."""
+
+        async def run(e: EngineState) -> Generation:
+            gen = await e.client.generate(prompt_ids, sampling, session_id)
+            e.tokens_total += len(gen.token_ids)
+            return gen
+
+        return await self.call(session_id, run)
+
+    async def abort(self, session_id: str | None = None, drain_timeout: float = 10.0) -> int:
+        """Abort one session's requests, or everything, on every engine; confirm the drain.
+
+        Returns:
+            How many of this router's requests were aborted.
+        """
+        engines = [e for e in self._engines.values() if e.circuit == CLOSED or e.in_flight]
+        if session_id is None:
+            jobs = [e.client.abort_all(drain_timeout) for e in engines]
+        else:
+            jobs = [e.client.abort_session(session_id, drain_timeout) for e in engines]
+        total = 0
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(result, EngineUnavailableError):
+                continue  # a dead engine's requests fail on their own (connection reset)
+            if isinstance(result, BaseException):
+                raise result
+            total += result
+        return total
+
+    # ------------------------------------------------------------ health
+    async def check_health(self) -> None:
+        """Check every engine once; failures count toward opening, successes close."""
+        now = time.monotonic()
+        states = [e for e in self._engines.values() if not e.removed]
+        due = [e for e in states if e.circuit == CLOSED or (self._usable(e, now) and not e.probing)]
+        results = await asyncio.gather(
+            *(e.client.health(self.config.health_timeout) for e in due))  # fmt: skip
+        for e, ok in zip(due, results, strict=True):
+            if ok:
+                self._success(e)
+            else:
+                self._failure(e, EngineUnavailableError(f"{e.url}/health failed"))
+        self._notify()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval)
+            await self.check_health()
+
+    async def start(self) -> Router:
+        """Start the background health loop (no-op when ``health_interval`` is 0)."""
+        if self.config.health_interval > 0 and self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+        return self
+
+    async def close(self) -> None:
+        """Stop the health loop and close every engine client."""
+        if self._health_task is not None:
+            self._health_task.cancel()
+            try:
+                await self._health_task
+            except asyncio.CancelledError:
+                pass
+            self._health_task = None
+        for e in list(self._engines.values()):
+            await e.client.close()
+
+    async def __aenter__(self) -> Router:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ metrics
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per-engine metrics: circuit, in flight, totals, mean and p50/p99 latency."""
+        out: dict[str, dict[str, Any]] = {}
+        for e in self._engines.values():
+            lat = sorted(e.recent_latencies)
+            out[e.url] = {
+                "circuit": e.circuit, "removed": e.removed, "in_flight": e.in_flight,
+                "requests_total": e.requests_total, "errors_total": e.errors_total,
+                "tokens_total": e.tokens_total,
+                "latency_mean_s": e.latency_sum / e.requests_total if e.requests_total else 0.0,
+                "latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
+                "latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0,
+                "last_error": e.last_error,
+            }  # fmt: skip
+        return out
+
+    def prometheus(self) -> str:
+        """The metrics in Prometheus text format."""
+        lines: list[str] = []
+        gauges = [("in_flight", "gauge"), ("requests_total", "counter"),
+                  ("errors_total", "counter"), ("tokens_total", "counter")]  # fmt: skip
+        metrics = self.metrics()
+        for name, kind in gauges:
+            lines.append(f"# TYPE turnrl_router_engine_{name} {kind}")
+            for url, m in metrics.items():
+                lines.append(f'turnrl_router_engine_{name}{{engine="{url}"}} {m[name]}')
+        lines.append("# TYPE turnrl_router_engine_up gauge")
+        for url, m in metrics.items():
+            lines.append(f'turnrl_router_engine_up{{engine="{url}"}} {int(m["circuit"] == CLOSED)}')
+        lines.append("# TYPE turnrl_router_engine_latency_seconds summary")
+        for url, m in metrics.items():
+            for q, key in (("0.5", "latency_p50_s"), ("0.99", "latency_p99_s")):
+                lines.append(f'turnrl_router_engine_latency_seconds{{engine="{url}",quantile="{q}"}} '
+                             f"{m[key]}")  # fmt: skip
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,80 @@
+"""EngineSpec -> launch command and environment; supervised start of a server that dies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnrl.npu_runtime.supervise import ProcessDiedError
+from turnrl.rollout_router.engine import (
+    DEFAULT_HEALTH_TIMEOUT,
+    HEALTH_TIMEOUT_ENV,
+    SERVER_MODULE,
+    EngineServer,
+    EngineSpec,
+    health_timeout,
+    launch_command,
+    launch_env,
+)
+
+
+def test_cpu_command_uses_server_module_and_scale_out_routes():
+    spec = EngineSpec(model="/m/tiny", port=8011, max_model_len=2048, extra_args=["--seed", "1"])
+    cmd = launch_command(spec, "/env/bin/python")
+    assert cmd[:3] == ["/env/bin/python", "-m", SERVER_MODULE]
+    assert cmd[cmd.index("--port") + 1] == "8011"
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny"
+    assert cmd[cmd.index("--max-model-len") + 1] == "2048"
+    assert "--enable-scale-out" in cmd and cmd[-2:] == ["--seed", "1"]
+    assert "--gpu-memory-utilization" not in cmd  # not a CPU setting
+    env = launch_env(EngineSpec(model="m", cpu_kvcache_gib=2, cpu_threads_bind="1"))
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+                   "VLLM_CPU_OMP_THREADS_BIND": "1"}  # fmt: skip
+
+
+def test_gpu_and_npu_commands_carry_parallelism_and_memory():
+    spec = EngineSpec(model="m", device="gpu", tensor_parallel_size=2, gpu_memory_utilization=0.6)
+    cmd = launch_command(spec, "python")
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.6"
+    npu_env = launch_env(EngineSpec(model="m", device="npu", env={"HCCL_BUFFSIZE": "512"}))
+    assert npu_env["VLLM_SERVER_DEV_MODE"] == "1" and npu_env["HCCL_BUFFSIZE"] == "512"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in npu_env
+
+
+def test_health_timeout_from_spec_variable_or_device_default(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(HEALTH_TIMEOUT_ENV, raising=False)
+    assert health_timeout(EngineSpec(model="m", device="npu")) == DEFAULT_HEALTH_TIMEOUT["npu"]
+    monkeypatch.setenv(HEALTH_TIMEOUT_ENV, "42")
+    assert health_timeout(EngineSpec(model="m")) == 42.0
+    assert health_timeout(EngineSpec(model="m", health_timeout=5)) == 5
+    monkeypatch.setenv(HEALTH_TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="not a number"):
+        health_timeout(EngineSpec(model="m"))
+    monkeypatch.setenv(HEALTH_TIMEOUT_ENV, "-1")
+    with pytest.raises(ValueError, match="> 0"):
+        health_timeout(EngineSpec(model="m"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"device": "tpu"}, "device"), ({"port": 0}, "port"), ({"tensor_parallel_size": 0}, "parallel"),
+     ({"gpu_memory_utilization": 1.5}, "gpu_memory"), ({"cpu_kvcache_gib": 0}, "kvcache"),
+     ({"max_model_len": 0}, "max_model_len")],
+)  # fmt: skip
+def test_bad_specs_are_rejected(kwargs: dict[str, object], match: str):
+    with pytest.raises(ValueError, match=match):
+        EngineSpec(model="m", **kwargs)  # type: ignore[arg-type]
+
+
+def test_server_that_exits_raises_with_its_log(tmp_path: Path):
+    # The interpreter here has no vLLM, so the server process dies at import.
+    spec = EngineSpec(model="m", port=18999, python=sys.executable, health_timeout=30)
+    server = EngineServer(spec, log_dir=tmp_path)
+    with pytest.raises(ProcessDiedError) as err:
+        server.start()
+    assert "vllm" in str(err.value)
+    assert server.process is not None and not server.process.alive
+    assert server.log_path.is_file()
