@@ -1,0 +1,1 @@
+"""Training side of turnrl-grpo-core: tiny test models, the torch engine, SFT."""

@@ -1,0 +1,197 @@
+"""Checkpoints that resume exactly, and export to a Hugging Face folder.
+
+A checkpoint folder holds
+
+- `state/`: model and optimizer state through `torch.distributed.checkpoint` (each rank
+  writes its shards; works unsharded in a single process too),
+- `rng_rank<r>.pt`: this rank's torch CPU, accelerator and Python RNG states,
+- `trainer_state.json`: step, world size and the caller's data position (`data_state`),
+  written last, so a folder without it is an incomplete checkpoint.
+
+`export_hf` gathers the full weights on rank 0 and writes `config.json`, a
+`model.safetensors` and the tokenizer / generation files of the source folder, into a
+temporary folder renamed into place, so an engine reloading it never sees half a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from turnrl.grpo_core.training.policy import resolve_dtype
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.training.torch_engine import TorchEngine
+
+TRAINER_STATE = "trainer_state.json"
+_WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".safetensors.index.json",
+    ".bin.index.json",
+)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type != "cpu":
+        state["device"] = torch.get_device_module(device.type).get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "device" in state and device.type != "cpu":
+        torch.get_device_module(device.type).set_rng_state(state["device"])
+
+
+def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any]) -> Path:
+    """Save the engine's full training state to `folder` (every rank must call this).
+
+    Args:
+        engine: the engine to save.
+        folder: checkpoint folder (created; an existing checkpoint there is replaced).
+        data_state: JSON-serialisable position of the caller's data (e.g. epoch, index).
+
+    Returns:
+        `folder`.
+    """
+    json.dumps(data_state)  # fail before writing anything if it is not serialisable
+    if _rank() == 0:
+        (folder / TRAINER_STATE).unlink(missing_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
+    with warnings.catch_warnings():  # single process: DCP warns that it saves unsharded
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder / "state"))
+    torch.save(_rng_state(engine.device), folder / f"rng_rank{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        meta = {"step": engine.step, "world_size": engine.dp_size, "data_state": data_state}
+        (folder / TRAINER_STATE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    _barrier()
+    return folder
+
+
+def load_checkpoint(engine: TorchEngine, folder: Path) -> dict[str, Any]:
+    """Restore model, optimizer, RNG states and step saved by `save_checkpoint`.
+
+    Args:
+        engine: an engine built with the same model and world size.
+        folder: the checkpoint folder.
+
+    Returns:
+        The `data_state` saved with the checkpoint.
+
+    Raises:
+        FileNotFoundError: the folder is not a complete checkpoint.
+        ValueError: it was saved with a different world size.
+    """
+    meta_path = folder / TRAINER_STATE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no {TRAINER_STATE})")
+    meta = json.loads(meta_path.read_text())
+    if meta["world_size"] != engine.dp_size:
+        raise ValueError(
+            f"checkpoint was saved with world size {meta['world_size']}, this run has {engine.dp_size}"
+        )
+    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder / "state"))
+    set_state_dict(
+        engine.module,
+        engine.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+    )
+    rng = torch.load(folder / f"rng_rank{_rank()}.pt", weights_only=False)
+    _set_rng_state(rng, engine.device)
+    engine.step = int(meta["step"])
+    return dict(meta["data_state"])
+
+
+def export_hf(engine: TorchEngine, folder: Path, dtype: str = "float32") -> Path:
+    """Write the engine's weights as a Hugging Face model folder (every rank must call this).
+
+    Args:
+        engine: the engine whose weights to export.
+        folder: output folder; replaced atomically if it exists.
+        dtype: `float32` or `bfloat16` for the saved tensors.
+
+    Returns:
+        `folder`, loadable by `AutoModelForCausalLM.from_pretrained` and by vLLM.
+    """
+    from safetensors.torch import save_file
+
+    torch_dtype = resolve_dtype(dtype)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(engine.module, options=options)
+    if _rank() == 0:
+        prefix = "model."  # the CausalLMLogProbs wrapper's attribute
+        weights = {
+            k.removeprefix(prefix): v.detach().to(torch_dtype).contiguous() for k, v in full.items()
+        }
+        config = engine.hf_model.config
+        if getattr(config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)
+        tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        _copy_side_files(Path(engine.config.model_path), tmp)
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config_dict = config.to_dict()
+        config_dict["dtype"] = config_dict["torch_dtype"] = dtype
+        (tmp / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+        _replace_folder(tmp, folder)
+    _barrier()
+    return folder
+
+
+def _copy_side_files(source: Path, dest: Path) -> None:
+    """Copy tokenizer, chat template and generation files (not weights or config)."""
+    dest.mkdir(parents=True)
+    for path in source.iterdir():
+        if (
+            path.is_file()
+            and path.name != "config.json"
+            and not path.name.endswith(_WEIGHT_SUFFIXES)
+        ):
+            shutil.copy2(path, dest / path.name)
+
+
+def _replace_folder(tmp: Path, folder: Path) -> None:
+    """Move `tmp` to `folder`, replacing an existing folder."""
+    old = folder.parent / f".{folder.name}.old-{os.getpid()}"
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,227 @@
+"""Supervised fine-tuning on multi-turn chat data, with loss only on assistant tokens.
+
+A conversation (OpenAI-style messages, optional tools) is rendered once with the
+tokenizer's chat template and tokenised with character offsets. The characters each
+assistant message contributes are found by rendering prefixes of the conversation:
+assistant message `i` spans from the end of `render(messages[:i], add_generation_prompt)`
+to the end of `render(messages[:i + 1])` (trailing whitespace excluded, so the
+end-of-turn token is trained on and the newline after it is not). Tokens that start
+inside such a span get loss mask 1; system, user, tool and template tokens get 0.
+
+A template whose prefix renders are not prefixes of the full render (e.g. one that drops
+earlier reasoning) cannot be masked this way, and is refused with a clear error.
+
+`run_sft` trains a `TorchEngine` on such examples for a number of steps, in a seeded
+shuffled order whose position is saved with checkpoints.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from turnrl.grpo_core.training.batch import TrainBatch, pad_sequences
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One tokenised conversation."""
+
+    input_ids: list[int]
+    """Token ids of the whole rendered conversation."""
+    loss_mask: list[int]
+    """1 on assistant tokens (content, tool calls, end-of-turn token), else 0."""
+
+
+def _render(tokenizer: Any, messages: Sequence[dict], tools: Any, generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(
+        list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    if not isinstance(text, str):
+        raise TypeError(f"chat template rendered {type(text).__name__}, expected str")
+    return text
+
+
+def assistant_char_spans(
+    tokenizer: Any, messages: Sequence[dict], tools: Any = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant messages.
+
+    Args:
+        tokenizer: a tokenizer with a chat template.
+        messages: OpenAI-style messages.
+        tools: tool schemas passed to the template, if any.
+
+    Returns:
+        `(text, spans)` with `[start, end)` character spans.
+
+    Raises:
+        ValueError: no messages, no assistant message, or a template whose prefixes are not
+            stable.
+    """
+    if not messages:
+        raise ValueError("empty conversation")
+    text = _render(tokenizer, messages, tools, generation_prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], tools, generation_prompt=True) if i else ""
+        upto = _render(tokenizer, messages[: i + 1], tools, generation_prompt=False)
+        if not (text.startswith(before) and text.startswith(upto) and upto.startswith(before)):
+            raise ValueError(
+                f"chat template is not prefix-stable at message {i}: rendering the first "
+                f"{i} messages is not a prefix of the whole conversation, so assistant "
+                "tokens cannot be located"
+            )
+        end = len(upto.rstrip())
+        if end > len(before):
+            spans.append((len(before), end))
+    if not spans:
+        raise ValueError("conversation has no assistant message to train on")
+    return text, spans
+
+
+def build_sft_example(
+    tokenizer: Any, messages: Sequence[dict], tools: Any = None, max_length: int | None = None
+) -> SFTExample:
+    """Token ids and assistant-only loss mask of one conversation.
+
+    Args:
+        tokenizer: a fast tokenizer (offsets needed) with a chat template.
+        messages: OpenAI-style messages (system / user / assistant / tool).
+        tools: tool schemas for the template.
+        max_length: truncate to this many tokens (None: no limit).
+
+    Returns:
+        The example; its loss mask may be all 0 if truncation cut every assistant token.
+    """
+    if max_length is not None and max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    text, spans = assistant_char_spans(tokenizer, messages, tools)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids: list[int] = list(enc["input_ids"])
+    mask = [0] * len(ids)
+    span_index = 0
+    for t, (start, _end) in enumerate(enc["offset_mapping"]):
+        while span_index < len(spans) and start >= spans[span_index][1]:
+            span_index += 1
+        if span_index < len(spans) and spans[span_index][0] <= start:
+            mask[t] = 1
+    mask[0] = 0
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return SFTExample(input_ids=ids, loss_mask=mask)
+
+
+def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> TrainBatch:
+    """Right-pad examples into a `TrainBatch` (no advantages)."""
+    ids, attn, mask = pad_sequences(
+        [e.input_ids for e in examples], [e.loss_mask for e in examples], pad_id
+    )
+    return TrainBatch(input_ids=ids, attention_mask=attn, loss_mask=mask)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Settings of an SFT run."""
+
+    num_steps: int = 10
+    """Optimizer steps to run."""
+    global_batch_size: int = 8
+    """Conversations per optimizer step [--global-batch-size]."""
+    seed: int = 0
+    """Seed of the data order (reshuffled every epoch)."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 0 or self.global_batch_size < 1:
+            raise ValueError("num_steps must be >= 0 and global_batch_size >= 1")
+
+
+class SFTDataIterator:
+    """Seeded, resumable order over examples: epoch-wise shuffles, a position to save."""
+
+    def __init__(
+        self,
+        num_examples: int,
+        seed: int,
+        state: dict[str, int] | None = None,
+        shuffle: bool = True,
+    ):
+        """Start at the beginning, or at `state` (from `state_dict`).
+
+        Args:
+            num_examples: dataset size.
+            seed: seed of the per-epoch shuffles.
+            state: a position from `state_dict`, to resume.
+            shuffle: False keeps the dataset order in every epoch.
+        """
+        if num_examples < 1:
+            raise ValueError("no examples to iterate over")
+        self.num_examples = num_examples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = int(state["epoch"]) if state else 0
+        self.index = int(state["index"]) if state else 0
+        self._order = self._shuffle(self.epoch)
+
+    def _shuffle(self, epoch: int) -> list[int]:
+        order = list(range(self.num_examples))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_indices(self, count: int) -> list[int]:
+        """The next `count` example indices, crossing epochs as needed."""
+        out: list[int] = []
+        while len(out) < count:
+            if self.index >= self.num_examples:
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._shuffle(self.epoch)
+            out.append(self._order[self.index])
+            self.index += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        """The position, to store with a checkpoint."""
+        return {"epoch": self.epoch, "index": self.index}
+
+
+def run_sft(
+    engine: Any,
+    examples: Sequence[SFTExample],
+    config: SFTConfig,
+    pad_id: int,
+    data: SFTDataIterator | None = None,
+) -> list[dict[str, float]]:
+    """Train `engine` (a `TorchEngine`) with the assistant-token NLL.
+
+    Args:
+        engine: the training engine.
+        examples: tokenised conversations (those without loss tokens are dropped).
+        config: steps, batch size and data seed.
+        pad_id: padding token id.
+        data: a resumed data iterator (default: a fresh one over the kept examples).
+
+    Returns:
+        The metrics of every step.
+    """
+    kept = [e for e in examples if any(e.loss_mask)]
+    if not kept:
+        raise ValueError("no example has an assistant token to train on")
+    data = data or SFTDataIterator(len(kept), config.seed)
+    history = []
+    for _ in range(config.num_steps):
+        batch = collate_sft([kept[i] for i in data.next_indices(config.global_batch_size)], pad_id)
+        history.append(engine.train_step(batch, objective="sft"))
+    return history
+
+
+def loss_mask_text(tokenizer: Any, example: SFTExample) -> str:
+    """The decoded text of the loss-masked tokens (for inspection and tests)."""
+    ids = torch.tensor(example.input_ids)[torch.tensor(example.loss_mask, dtype=torch.bool)]
+    return str(tokenizer.decode(ids.tolist()))

@@ -1,0 +1,381 @@
+"""The torch training engine: a Hugging Face causal LM trained with GRPO or SFT losses.
+
+One `TorchEngine` per process. It loads the model from a local folder (safetensors),
+keeps fp32 master weights (bf16 compute through autocast when `dtype="bfloat16"`), shards
+it with FSDP2 (`fully_shard` per decoder layer, then the root) when `torch.distributed`
+runs with more than one rank, and optimises with AdamW. A train step takes a mini-batch,
+splits it into micro-batches (gradient accumulation), scores tokens with the chunked
+log-prob (never the full logit matrix), computes the loss of `loss.py` normalised by the
+counts of the whole mini-batch across ranks, clips the gradient norm and steps.
+
+Checkpoints (`checkpoint.py`) hold model, optimizer, RNG states, step and the caller's
+data position, and resume exactly; `export_hf` writes a Hugging Face folder that vLLM
+loads (on CPU that is also the weight-sync path: export, then the engine reloads it).
+
+Device placement goes through `turnrl.npu_runtime.device` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.training.batch import TrainBatch
+from turnrl.grpo_core.training.loss import (
+    SHARE_METRICS,
+    BatchCounts,
+    check_loss_config,
+    rl_loss,
+    sft_loss,
+)
+from turnrl.grpo_core.training.policy import (
+    CausalLMLogProbs,
+    DType,
+    load_causal_lm,
+    resolve_dtype,
+)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW settings (slime flag names in brackets)."""
+
+    lr: float = 1e-6
+    """Learning rate, constant [--lr]."""
+    adam_beta1: float = 0.9
+    """AdamW beta1 [--adam-beta1]."""
+    adam_beta2: float = 0.98
+    """AdamW beta2 [--adam-beta2]."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon [--adam-eps]."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay [--weight-decay]."""
+    clip_grad: float = 1.0
+    """Max global gradient norm; <= 0 only measures the norm [--clip-grad]."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise ValueError(
+                f"adam betas must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}"
+            )
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass(frozen=True)
+class TorchEngineConfig:
+    """Everything the torch engine needs."""
+
+    model_path: str
+    """Local Hugging Face folder (config.json + safetensors) to start from [--hf-checkpoint]."""
+    dtype: DType = "float32"
+    """Compute dtype: float32, or bfloat16 through autocast with fp32 master weights."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW settings."""
+    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
+    """Actor-loss settings of the algorithms (clip, KL, entropy, aggregation, TIS)."""
+    micro_batch_size: int = 4
+    """Sequences per micro-batch when a train step gets one batch (gradient accumulation)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder layers in backward to save activation memory [--recompute-*]."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk of the log-prob computation (memory ~ chunk x vocab)."""
+    temperature: float = 1.0
+    """Rollout sampling temperature; logits are divided by it [--rollout-temperature]."""
+    seed: int = 1234
+    """Seed of torch and Python RNGs at start-up [--seed]."""
+
+    def __post_init__(self) -> None:
+        resolve_dtype(self.dtype)
+        check_loss_config(self.loss)
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+def world_size() -> int:
+    """Ranks in the default process group (1 when torch.distributed is not initialised)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 when torch.distributed is not initialised)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def training_device() -> torch.device:
+    """The device this rank trains on, from `turnrl.npu_runtime` (npu / cuda / cpu)."""
+    from turnrl.npu_runtime.device import DeviceType, detect_device, set_device, torch_device
+
+    kind = detect_device()
+    if kind is DeviceType.CPU:
+        return torch.device("cpu")
+    local = rank() % max(1, _local_world_size())
+    set_device(local, kind)
+    return torch.device(torch_device(local, kind))
+
+
+def _local_world_size() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+
+
+class TorchEngine:
+    """Trains a Hugging Face causal LM; one instance per rank."""
+
+    def __init__(self, config: TorchEngineConfig):
+        """Load the model, shard it when distributed, and build the optimizer.
+
+        Args:
+            config: engine settings.
+        """
+        self.config = config
+        self.device = training_device()
+        self.compute_dtype = resolve_dtype(config.dtype)
+        self.step = 0
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        self.hf_model = load_causal_lm(config.model_path, torch.float32)
+        if config.gradient_checkpointing:
+            _enable_activation_checkpointing(self.hf_model)
+        self.hf_model.to(self.device)
+        self.module: nn.Module = CausalLMLogProbs(
+            self.hf_model, config.logprob_chunk_size, config.temperature
+        )
+        self.dp_size = world_size()
+        if self.dp_size > 1:
+            shard_fsdp2(self.module, self.hf_model)
+        opt = config.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(),
+            lr=opt.lr,
+            betas=(opt.adam_beta1, opt.adam_beta2),
+            eps=opt.adam_eps,
+            weight_decay=opt.weight_decay,
+        )
+
+    # -- forward -----------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def _forward(
+        self, batch: TrainBatch, return_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self._autocast():
+            return self.module(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.loss_mask,
+                return_entropy=return_entropy,
+                compute_dtype=self.compute_dtype,
+            )
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, micro_batch_size: int | None = None
+    ) -> torch.Tensor:
+        """Log-probs of the loss-masked tokens under the current weights (no gradient).
+
+        Use it for `old_logprobs` before several updates on one rollout batch.
+
+        Args:
+            batch: the sequences to score.
+            micro_batch_size: rows per forward (default: the config's).
+
+        Returns:
+            `[B, L]` fp32 log-probs on the CPU, 0 where the loss mask is 0.
+        """
+        return score_batch(
+            lambda mb: self._forward(mb)[0],
+            batch,
+            micro_batch_size or self.config.micro_batch_size,
+            self.device,
+        )
+
+    # -- training ----------------------------------------------------------------------
+
+    def train_step(
+        self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
+    ) -> dict[str, float]:
+        """One optimizer step over a mini-batch, accumulating gradients over micro-batches.
+
+        Args:
+            batch: a mini-batch (split into `micro_batch_size` rows) or its micro-batches
+                (e.g. from token-budget packing); on several ranks, this rank's share.
+            objective: `rl` (GRPO loss, needs advantages) or `sft` (masked NLL).
+
+        Returns:
+            Metrics: `loss` (the mini-batch loss, all ranks), `grad_norm`, `lr`,
+            `num_tokens`, `step_time_s`; the mini-batch `pg_loss` / `kl_loss`; and this
+            rank's token-weighted means of the other loss metrics (`clip_frac`, ...).
+        """
+        if objective not in ("rl", "sft"):
+            raise ValueError(f"objective must be 'rl' or 'sft', got {objective!r}")
+        start = time.perf_counter()
+        if isinstance(batch, TrainBatch):
+            micro = list(batch.micro_batches(self.config.micro_batch_size))
+        else:
+            micro = list(batch)
+        if not micro:
+            raise ValueError("train_step got no micro-batches")
+        counts = self._global_counts(micro)
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self._accumulate(equalise_micro_batches(micro, self.device), objective, counts)
+        out["grad_norm"] = self._clip_and_step()
+        self.step += 1
+        out.update(
+            lr=self.optimizer.param_groups[0]["lr"],
+            num_tokens=counts.num_tokens,
+            step_time_s=time.perf_counter() - start,
+        )
+        return out
+
+    def _accumulate(
+        self, micro: list[TrainBatch], objective: str, counts: BatchCounts
+    ) -> dict[str, float]:
+        """Forward + backward every micro-batch (gradients add up); reduce the metrics."""
+        shares: dict[str, float] = {"loss": 0.0}
+        weighted: dict[str, float] = {}
+        want_entropy = objective == "rl" and self.config.loss.entropy_coef > 0
+        for mb in micro:
+            mb = mb.to(self.device)
+            logp, entropy = self._forward(mb, return_entropy=want_entropy)
+            if objective == "rl":
+                loss, metrics = rl_loss(logp, entropy, mb, self.config.loss, counts)
+            else:
+                loss, metrics = sft_loss(logp, mb, counts, self.config.loss.loss_agg_mode)
+            loss.backward()
+            shares["loss"] += float(loss.detach())
+            for key, value in metrics.items():
+                if key in SHARE_METRICS:
+                    shares[key] = shares.get(key, 0.0) + value
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + value * mb.num_loss_tokens
+        local_tokens = max(1, sum(mb.num_loss_tokens for mb in micro))
+        out = {key: value / local_tokens for key, value in weighted.items()}
+        for key, value in shares.items():  # each rank's share is scaled by dp_size
+            out[key] = _all_reduce_sum(value / self.dp_size, self.device)
+        return out
+
+    def _global_counts(self, micro: list[TrainBatch]) -> BatchCounts:
+        tokens = sum(mb.num_loss_tokens for mb in micro)
+        seqs = sum(int((mb.loss_mask.sum(dim=-1) > 0).sum()) for mb in micro)
+        if self.dp_size > 1:
+            both = torch.tensor([tokens, seqs], dtype=torch.float64, device=self.device)
+            dist.all_reduce(both)
+            tokens, seqs = int(both[0]), int(both[1])
+        if tokens == 0:
+            raise ValueError("the mini-batch has no loss tokens (loss_mask is all 0)")
+        return BatchCounts(num_tokens=tokens, num_seqs=seqs, dp_size=self.dp_size)
+
+    def _clip_and_step(self) -> float:
+        max_norm = self.config.optimizer.clip_grad
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        return float(norm)
+
+    # -- state -------------------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str | Path, data_state: dict[str, Any] | None = None) -> Path:
+        """Save model, optimizer, RNG states, step and `data_state` (see `checkpoint.py`)."""
+        from turnrl.grpo_core.training.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, Path(folder), data_state or {})
+
+    def load_checkpoint(self, folder: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint saved by `save_checkpoint`; returns its `data_state`."""
+        from turnrl.grpo_core.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, Path(folder))
+
+    def export_hf(self, folder: str | Path, dtype: DType | None = None) -> Path:
+        """Write the current weights as a Hugging Face folder (see `checkpoint.export_hf`)."""
+        from turnrl.grpo_core.training.checkpoint import export_hf
+
+        return export_hf(self, Path(folder), dtype or self.config.dtype)
+
+
+def score_batch(
+    forward: Any, batch: TrainBatch, micro_batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """Run `forward(micro_batch) -> [b, l] logp` over row chunks; return `[B, L]` on CPU."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    micro = list(batch.micro_batches(micro_batch_size))
+    for index, mb in enumerate(equalise_micro_batches(micro, device)):
+        logp = forward(mb.to(device)).float().cpu()
+        if index < len(micro):
+            start = index * micro_batch_size
+            out[start : start + logp.shape[0], : logp.shape[1]] = logp
+    return out
+
+
+def equalise_micro_batches(micro: list[TrainBatch], device: torch.device) -> list[TrainBatch]:
+    """Pad this rank's micro-batches to the largest count over ranks.
+
+    FSDP2 runs collectives in every forward and backward, so every rank must run the same
+    number of them. Padding micro-batches repeat this rank's first one with an all-zero
+    loss mask: they contribute no loss and no gradient.
+    """
+    if world_size() == 1:
+        return micro
+    count = torch.tensor([len(micro)], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    filler = replace(micro[0], loss_mask=torch.zeros_like(micro[0].loss_mask))
+    return micro + [filler] * (int(count) - len(micro))
+
+
+def _all_reduce_sum(value: float, device: torch.device) -> float:
+    """Sum a float over ranks (each rank's share is already divided by dp_size)."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0])
+
+
+def _enable_activation_checkpointing(hf_model: nn.Module) -> None:
+    """Recompute each decoder layer in backward (non-reentrant torch checkpoint)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf_model, "activation_checkpointing_enable"):  # transformers >= 5 name
+        hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def decoder_layers(hf_model: nn.Module) -> Iterator[nn.Module]:
+    """The decoder layers of an HF causal LM (`base_model.layers`), the FSDP2 units."""
+    layers = getattr(hf_model.base_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(hf_model).__name__} has no base_model.layers to shard")
+    yield from layers
+
+
+def shard_fsdp2(root: nn.Module, hf_model: nn.Module) -> None:
+    """Shard each decoder layer, then the root (embeddings, norm, output layer)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(hf_model):
+        fully_shard(layer)
+    fully_shard(root)
