@@ -48,6 +48,21 @@ async def test_abort_mid_generation_keeps_partial_tokens_and_drains(make_engine)
     assert engine.aborted == {"generate-tokens-r1"}  # the prefixed, engine-side id
 
 
+async def test_stream_closed_after_our_abort_is_an_abort_not_a_failure(make_engine):
+    engine = await make_engine(token_delay=0.01, close_on_abort=True)
+    async with EngineClient(engine.url) as client:
+        task = asyncio.create_task(
+            client.generate([1], SamplingParams(max_tokens=10_000), request_id="r1")
+        )
+        while client.num_in_flight == 0 or not engine.running:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert await client.abort(["r1"], drain_timeout=2.0) == 1
+        gen = task.result()
+    assert gen.finish_reason == "abort"
+    assert 0 < len(gen.token_ids) < 10_000
+
+
 def test_engine_request_id_is_prefixed_once():
     assert engine_request_id("abc") == "generate-tokens-abc"
     assert engine_request_id("generate-tokens-abc") == "generate-tokens-abc"

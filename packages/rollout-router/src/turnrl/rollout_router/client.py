@@ -60,6 +60,8 @@ class _Flight:
     session_id: str | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     num_tokens: int = 0
+    aborted: bool = False
+    """Set once this client asked the engine to abort the request."""
 
 
 class EngineClient:
@@ -208,7 +210,13 @@ class EngineClient:
                     if finished:
                         return
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if flight.aborted:  # the engine may close the stream instead of a final chunk
+                out.finish_reason = "abort"
+                return
             self._fail(out, f"{where}: {exc!r}", exc)
+        if flight.aborted:
+            out.finish_reason = "abort"
+            return
         self._fail(out, f"{where}: stream ended without a finish reason", None)
 
     @staticmethod
@@ -256,6 +264,9 @@ class EngineClient:
     # -------------------------------------------------------------------- abort
     async def _abort_ids(self, request_ids: list[str]) -> None:
         if request_ids:
+            for r in request_ids:
+                if (flight := self._flights.get(r)) is not None:
+                    flight.aborted = True
             ids = [engine_request_id(r) for r in request_ids]
             await self._call("POST", "/inference/v1/abort_requests", {"request_ids": ids})
 
@@ -339,6 +350,8 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout
         ids = self.in_flight()
+        for r in ids:
+            self._flights[r].aborted = True
         await self._abort_everything()
         await self._abort_until_drained(ids, drain_timeout)
         last_sent = loop.time()

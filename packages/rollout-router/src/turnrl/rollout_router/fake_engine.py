@@ -48,6 +48,9 @@ class FakeEngine:
     ignore_aborts: int = 0
     """Answer this many abort calls with 200 but abort nothing (vLLM does so for a request
     its engine has not registered yet)."""
+    close_on_abort: bool = False
+    """End an aborted stream by closing the connection instead of a final ``abort`` chunk
+    (what a loaded vLLM server was seen to do)."""
     name: str = "fake"
     """Reported in ``/v1/completions`` answers (``model``) to show where a request went."""
     port: int = 0
@@ -173,6 +176,9 @@ class FakeEngine:
                 except TimeoutError:
                     pass
             if flag.is_set():
+                if self.close_on_abort and request.transport is not None:
+                    request.transport.close()
+                    return resp
                 await resp.write(_chunk(rid, [], "abort"))
                 break
             await resp.write(
