@@ -124,7 +124,7 @@ def load_checkpoint(engine: TorchEngine, folder: Path) -> dict[str, Any]:
             f"checkpoint was saved with world size {meta['world_size']}, this run has {engine.dp_size}"
         )
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(folder / "state"))
@@ -155,13 +155,13 @@ def export_hf(engine: TorchEngine, folder: Path, dtype: str = "float32") -> Path
 
     torch_dtype = resolve_dtype(dtype)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(engine.module, options=options)
+    full: dict[str, Any] = get_model_state_dict(engine.module, options=options)
     if _rank() == 0:
         prefix = "model."  # the CausalLMLogProbs wrapper's attribute
         weights = {
             k.removeprefix(prefix): v.detach().to(torch_dtype).contiguous() for k, v in full.items()
         }
-        config = engine.hf_model.config
+        config: Any = engine.hf_model.config
         if getattr(config, "tie_word_embeddings", False):
             weights.pop("lm_head.weight", None)
         tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"

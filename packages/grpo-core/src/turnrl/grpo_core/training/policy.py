@@ -12,7 +12,7 @@ Loading helpers read a local Hugging Face folder (safetensors) and never touch a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -94,10 +94,11 @@ class CausalLMLogProbs(nn.Module):
             `(logp, entropy)`, fp32 `[B, L]`, zero where `score_mask` is 0; entropy is None
             unless asked.
         """
-        hidden = self.model.base_model(
+        model: Any = self.model  # an HF PreTrainedModel; nn.Module's typing hides its API
+        hidden = model.base_model(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
         ).last_hidden_state  # [B, L, H]
-        weight = self.model.get_output_embeddings().weight  # [V, H]
+        weight = model.get_output_embeddings().weight  # [V, H]
         dtype = compute_dtype or weight.dtype
         select = score_mask[:, 1:].bool()  # [B, L-1]
         picked_hidden = hidden[:, :-1][select].to(dtype)  # [N, H]

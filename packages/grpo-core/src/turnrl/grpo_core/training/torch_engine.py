@@ -355,7 +355,7 @@ def _all_reduce_sum(value: float, device: torch.device) -> float:
     return float(t[0])
 
 
-def _enable_activation_checkpointing(hf_model: nn.Module) -> None:
+def _enable_activation_checkpointing(hf_model: Any) -> None:
     """Recompute each decoder layer in backward (non-reentrant torch checkpoint)."""
     kwargs = {"use_reentrant": False}
     if hasattr(hf_model, "activation_checkpointing_enable"):  # transformers >= 5 name
