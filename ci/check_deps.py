@@ -59,7 +59,7 @@ def check_package(folder: Path, module: str) -> list[str]:
             top = name.split(".")
             if top[0] == "turnrl" and len(top) > 1 and top[1] not in {module, *ALLOWED[module]}:
                 errors.append(f"{rel}: imports {name}, not allowed for {module}")
-            if top[0] == "apps":
+            if top[0] == "apps" or top[0].startswith("turnrl_app"):
                 errors.append(f"{rel}: imports the app module {name}")
             if module in NO_TORCH and top[0] == "torch":
                 errors.append(f"{rel}: imports torch; {module} must not")
