@@ -68,7 +68,9 @@ def wheel(session: nox.Session, package: str) -> None:
         session.run("uv", "build", "--quiet", "--package", f"turnrl-{name}", "--wheel",
                     "--out-dir", str(dist), external=True)  # fmt: skip
     wheel_file = next(dist.glob(f"turnrl_{package.replace('-', '_')}-*.whl"))
-    session.install("--find-links", str(dist), str(wheel_file),
+    # uv caches wheels by name and version: refresh ours so this run's builds are used.
+    refresh = [arg for name in PACKAGES for arg in ("--refresh-package", f"turnrl-{name}")]
+    session.install(*refresh, "--find-links", str(dist), str(wheel_file),
                     "--group", f"packages/{package}/pyproject.toml:test")  # fmt: skip
     # Run from the tests folder with importlib mode so the src/ tree is never importable.
     session.chdir(ROOT / "packages" / package / "tests")
@@ -108,8 +110,10 @@ def typecheck(session: nox.Session) -> None:
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )  # fmt: skip
     # Namespace packages: point mypy at every src/ root and check each package by name.
-    mypy_path = os.pathsep.join(f"packages/{p}/src" for p in PACKAGES)
-    modules = [arg for p in PACKAGES for arg in ("-p", f"turnrl.{p.replace('-', '_')}")]
+    roots = [f"packages/{p}/src" for p in PACKAGES] + [f"apps/{a}/src" for a in APPS]
+    mypy_path = os.pathsep.join(roots)
+    names = [f"turnrl.{p.replace('-', '_')}" for p in PACKAGES] + [f"turnrl_app_{a}" for a in APPS]
+    modules = [arg for name in names for arg in ("-p", name)]
     session.run("mypy", *modules, env={"MYPYPATH": mypy_path})
 
 

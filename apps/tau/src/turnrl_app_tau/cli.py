@@ -1,0 +1,232 @@
+"""Command line of the tau app: slime/vime flag names mapped onto :class:`TauAppConfig`.
+
+Every flag of the vime tau-bench NPU script parses here and sets the config field with the
+same meaning; a flag overrides the preset, and vime's ``TAU_*`` environment variables sit
+between the two (preset < environment < flags). Subcommands: ``train`` (the default) and
+``eval`` (pass^k over a split, with ``--num-trials`` and ``--max-concurrency`` as in
+tau-bench's runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
+
+# (flag, "section.field", kind); kind: a type for valued flags, "on" sets True, "off" sets False.
+_SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
+    ("--train-backend", "parallel.train_backend", str),
+    ("--actor-num-nodes", "cluster.actor_num_nodes", int),
+    ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
+    ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
+    ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
+    ("--colocate", "cluster.colocate", "on"),
+    ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
+    ("--hf-checkpoint", "model.hf_checkpoint", str),
+    ("--ref-load", "model.ref_load", str),
+    ("--load", "model.load", str),
+    ("--megatron-to-hf-mode", "model.megatron_to_hf_mode", str),
+    ("--custom-generate-function-path", "rollout.custom_generate_function_path", str),
+    ("--custom-rm-path", "rollout.custom_rm_path", str),
+    ("--prompt-data", "tau.prompt_data", str),
+    ("--input-key", "tau.input_key", str),
+    ("--rollout-shuffle", "loop.rollout_shuffle", "on"),
+    ("--num-rollout", "loop.num_rollout", int),
+    ("--rollout-batch-size", "loop.rollout_batch_size", int),
+    ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
+    ("--global-batch-size", "loop.global_batch_size", int),
+    ("--disable-rewards-normalization", "loop.rewards_normalization", "off"),
+    ("--advantage-estimator", "loop.advantage_estimator", str),
+    ("--rollout-max-response-len", "rollout.rollout_max_response_len", int),
+    ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
+    ("--rollout-temperature", "rollout.rollout_temperature", float),
+    ("--seq-length", "parallel.seq_length", int),
+    ("--use-kl-loss", "loss.use_kl_loss", "on"),
+    ("--kl-loss-coef", "loss.kl_loss_coef", float),
+    ("--kl-loss-type", "loss.kl_loss_type", str),
+    ("--entropy-coef", "loss.entropy_coef", float),
+    ("--eps-clip", "loss.eps_clip", float),
+    ("--eps-clip-high", "loss.eps_clip_high", float),
+    ("--optimizer", "parallel.optimizer_name", str),
+    ("--lr", "optimizer.lr", float),
+    ("--lr-decay-style", "parallel.lr_decay_style", str),
+    ("--weight-decay", "optimizer.weight_decay", float),
+    ("--adam-beta1", "optimizer.adam_beta1", float),
+    ("--adam-beta2", "optimizer.adam_beta2", float),
+    ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
+    ("--sequence-parallel", "parallel.sequence_parallel", "on"),
+    ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
+    ("--context-parallel-size", "parallel.context_parallel_size", int),
+    ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
+    ("--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", int),
+    ("--recompute-granularity", "parallel.recompute_granularity", str),
+    ("--recompute-method", "parallel.recompute_method", str),
+    ("--recompute-num-layers", "parallel.recompute_num_layers", int),
+    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", "on"),
+    ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
+    ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
+    ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
+    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", "on"),
+    ("--vllm-max-model-len", "rollout.vllm_max_model_len", int),
+    ("--attention-dropout", "parallel.attention_dropout", float),
+    ("--hidden-dropout", "parallel.hidden_dropout", float),
+    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", "on"),
+    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", "on"),
+    ("--attention-backend", "parallel.attention_backend", str),
+    ("--use-flash-attn", "parallel.use_flash_attn", "on"),
+]
+# Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch.
+_ARCH_FLAGS: list[tuple[str, Any]] = [
+    ("--num-layers", int),
+    ("--hidden-size", int),
+    ("--ffn-hidden-size", int),
+    ("--num-attention-heads", int),
+    ("--num-query-groups", int),
+    ("--kv-channels", int),
+    ("--vocab-size", int),
+    ("--rotary-base", float),
+    ("--norm-epsilon", float),
+    ("--normalization", str),
+    ("--swiglu", "on"),
+    ("--group-query-attention", "on"),
+    ("--use-rotary-position-embeddings", "on"),
+    ("--disable-bias-linear", "on"),
+    ("--qk-layernorm", "on"),
+    ("--untie-embeddings-and-output-weights", "on"),
+]
+_APP_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
+    ("--seed", "seed", int, "global seed"),
+    ("--device", "cluster.device", str, "cpu, gpu or npu"),
+    ("--micro-batch-size", "parallel.micro_batch_size", int, "sequences per micro-batch"),
+    ("--eval-interval", "loop.eval_interval", int, "evaluate every N steps (0: only before/after)"),
+    ("--save-interval", "loop.save_interval", int, "checkpoint every N steps (0: only at the end)"),
+    ("--tau-bench-dir", "tau.tau_bench_dir", str, "tau-bench data folder (<domain>/ inside)"),
+    ("--domain", "tau.domain", str, "retail, airline or synthetic"),
+    ("--split", "tau.split", str, "task split: train, test or dev"),
+    ("--task-start", "tau.task_start", int, "first task index"),
+    ("--task-end", "tau.task_end", int, "one past the last task index"),
+    ("--num-heldout", "tau.num_heldout", int, "tasks held out for evaluation"),
+    (
+        "--user-model",
+        "tau.user_model",
+        str,
+        "litellm user model, 'local' for the engines; default scripted",
+    ),
+    ("--max-turns", "rollout.max_turns", int, "model turns per episode (TAU_MAX_TURNS)"),
+    ("--max-inflight", "rollout.max_inflight", int, "episodes in flight (TAU_MAX_INFLIGHT)"),
+    ("--short-tools", "rollout.short_tools", "on", "tool schemas without descriptions"),
+    ("--sft-steps", "tau.sft_steps", int, "SFT warm-up steps on gold conversations"),
+    ("--sft-lr", "tau.sft_lr", float, "SFT learning rate"),
+    ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
+    ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
+    ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
+]
+_ENV_VARS: list[tuple[str, str, Any]] = [
+    ("TAU_MAX_TURNS", "rollout.max_turns", int),
+    ("TAU_MAX_INFLIGHT", "rollout.max_inflight", int),
+    ("TAU_SHORT_TOOLS", "rollout.short_tools", lambda v: v.strip() not in ("", "0", "false")),
+    ("TAU_USER_LITELLM_RETRIES", "tau.user_retries", int),
+    ("TAU_USER_LITELLM_RETRY_DELAY", "tau.user_retry_delay", float),
+]
+SCRIPT_FLAGS: tuple[str, ...] = tuple(f for f, _, _ in _SCRIPT_FLAGS)
+"""Every flag of the vime tau-bench NPU script (model-architecture flags aside)."""
+
+
+@dataclass
+class Invocation:
+    """A parsed command line."""
+
+    command: str
+    """train or eval."""
+    config: TauAppConfig
+    """The resolved configuration."""
+
+
+def _add(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    dest: str,
+    kind: Any,
+    help_: str,
+) -> None:
+    if kind in ("on", "off"):
+        parser.add_argument(
+            flag,
+            dest=dest,
+            action="store_const",
+            const=kind == "on",
+            default=argparse.SUPPRESS,
+            help=help_,
+        )
+    else:
+        parser.add_argument(
+            flag,
+            dest=dest,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=flag.lstrip("-").replace("-", "_").upper(),
+            help=help_,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``uv run apps/tau [train|eval] ...``."""
+    parser = argparse.ArgumentParser(prog="apps/tau", description=__doc__.split("\n")[0])
+    parser.add_argument("command", nargs="?", choices=["train", "eval"], default="train")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="starting configuration (default cpu-default)",
+    )
+    parser.add_argument("--smoke", action="store_true", help="same as --preset smoke")
+    app = parser.add_argument_group("app")
+    for flag, dest, kind, help_ in _APP_FLAGS:
+        _add(app, flag, dest, kind, help_)
+    script = parser.add_argument_group("slime/vime flags (same names and meaning)")
+    for flag, dest, kind in _SCRIPT_FLAGS:
+        _add(script, flag, dest, kind, f"sets {dest}")
+    arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
+    for flag, kind in _ARCH_FLAGS:
+        key = flag.lstrip("-").replace("-", "_")
+        _add(arch, flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")
+    return parser
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *path, last = dotted.split(".")
+    node = data
+    for key in path:
+        node = node[key]
+    node[last] = value
+
+
+def resolve(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Invocation:
+    """Parse ``argv`` and resolve preset < ``TAU_*`` environment < flags.
+
+    Raises:
+        SystemExit: argparse's exit on a malformed command line (message on stderr).
+        ValueError: a value a config section rejects, or both --smoke and another preset.
+    """
+    args = vars(build_parser().parse_args(list(argv) if argv is not None else None))
+    command, name, use_smoke = args.pop("command"), args.pop("preset"), args.pop("smoke")
+    if use_smoke and name not in (None, "smoke"):
+        raise ValueError(f"--smoke conflicts with --preset {name}")
+    data = preset("smoke" if use_smoke else name or "cpu-default").to_dict()
+    env = os.environ if environ is None else environ
+    for var, dotted, convert in _ENV_VARS:
+        if env.get(var, "").strip():
+            try:
+                _set(data, dotted, convert(env[var]))
+            except ValueError:
+                raise ValueError(f"environment variable {var}={env[var]!r} is not valid") from None
+    for dotted, value in args.items():
+        _set(data, dotted, value)
+    return Invocation(command, from_dict(data))

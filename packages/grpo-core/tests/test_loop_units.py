@@ -1,0 +1,226 @@
+"""Unit tests of the loop's pieces: config, advantages, batching, prompt order, hooks, sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from aiohttp import web
+
+from turnrl.grpo_core.loop import (
+    DiskWeightSync,
+    LoopConfig,
+    PromptIterator,
+    WeightSyncError,
+    build_train_batch,
+    load_function,
+    sample_advantages,
+    split_batch,
+)
+
+
+@dataclass
+class S:
+    """A minimal sample meeting the loop's Sample protocol."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    group_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.rollout_logprobs:
+            self.rollout_logprobs = [-0.5 * m for m in self.loss_mask]
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="rollout_batch_size"):
+        LoopConfig(rollout_batch_size=0)
+    with pytest.raises(ValueError, match="multiple of global_batch_size"):
+        LoopConfig(rollout_batch_size=3, n_samples_per_prompt=2, global_batch_size=4)
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        LoopConfig(advantage_estimator="ppo-gae")
+    with pytest.raises(ValueError, match="eval_interval"):
+        LoopConfig(eval_interval=-1)
+    cfg = LoopConfig(rollout_batch_size=8, n_samples_per_prompt=2, global_batch_size=4)
+    assert cfg.samples_per_step == 16 and cfg.updates_per_step == 4
+
+
+def test_advantages_grpo_and_raw() -> None:
+    samples = [
+        S([1], [2, 3], [1, 1], reward=r, group_id=g)
+        for r, g in [(1.0, "a"), (0.0, "a"), (0.5, "b"), (0.5, "b")]
+    ]
+    adv = sample_advantages(samples, LoopConfig(rollout_batch_size=2, global_batch_size=4))
+    assert adv[0] > 0 > adv[1]
+    assert adv[0] == pytest.approx(-adv[1])
+    assert adv[2:].abs().max() == 0  # a group with one reward value has nothing to learn
+    raw = sample_advantages(
+        samples, LoopConfig(rewards_normalization=False, rollout_batch_size=2, global_batch_size=4)
+    )
+    assert raw.tolist() == [1.0, 0.0, 0.5, 0.5]
+    with pytest.raises(ValueError, match="finite"):
+        sample_advantages([S([1], [2], [1], reward=float("nan"))], LoopConfig())
+    with pytest.raises(ValueError, match="no samples"):
+        sample_advantages([], LoopConfig())
+
+
+def test_build_train_batch_aligns_tokens_and_drops_empty() -> None:
+    samples = [
+        S([5, 6, 7], [8, 9, 10], [1, 0, 1]),
+        S([5, 6], [], []),  # failed before the model spoke: not trained on
+        S([4], [3, 2], [1, 1]),
+    ]
+    batch = build_train_batch(samples, torch.tensor([1.0, 2.0, -1.0]), pad_id=0)
+    assert batch is not None
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, 10], [4, 3, 2, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 0, 1], [0, 1, 1, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert batch.advantages is not None and batch.advantages.tolist() == [1.0, -1.0]
+    assert batch.rollout_logprobs is not None
+    assert batch.rollout_logprobs[0].tolist() == [0, 0, 0, -0.5, 0, -0.5]
+    assert build_train_batch([S([1], [], [])], torch.tensor([1.0]), 0) is None
+    with pytest.raises(ValueError, match="advantages"):
+        build_train_batch(samples, torch.tensor([1.0]), 0)
+
+
+def test_split_batch_covers_every_row_once() -> None:
+    samples = [S([1, 2], [3] * (i + 1), [1] * (i + 1)) for i in range(5)]
+    batch = build_train_batch(samples, torch.arange(5, dtype=torch.float32), 0)
+    assert batch is not None
+    parts = split_batch(batch, 2)
+    assert [p.num_sequences for p in parts] == [2, 3]
+    assert torch.cat([p.advantages for p in parts if p.advantages is not None]).tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert len(split_batch(batch, 9)) == 5
+    with pytest.raises(ValueError):
+        split_batch(batch, 0)
+
+
+def test_prompt_iterator_epochs_and_shuffle() -> None:
+    plain = PromptIterator(["a", "b", "c"], shuffle=False, seed=0)
+    assert plain.next(4) == ["a", "b", "c", "a"] and plain.epoch == 1
+    shuffled = PromptIterator(list(range(20)), shuffle=True, seed=3)
+    first = shuffled.next(20)
+    assert sorted(first) == list(range(20)) and first != list(range(20))
+    assert PromptIterator(list(range(20)), shuffle=True, seed=3).next(20) == first
+    with pytest.raises(ValueError):
+        PromptIterator([], shuffle=False, seed=0)
+
+
+def test_load_function() -> None:
+    assert load_function("os.path.join") is __import__("os").path.join
+    assert load_function("os.path:join") is __import__("os").path.join
+    with pytest.raises(ValueError, match="dotted path"):
+        load_function("join")
+    with pytest.raises(ModuleNotFoundError):
+        load_function("no_such_module_xyz.f")
+    with pytest.raises(ValueError, match="not a function"):
+        load_function("os.sep")
+
+
+class _Exporter:
+    """Writes a safetensors file where export_hf would (the trainer side of the sync)."""
+
+    def __init__(self) -> None:
+        self.folders: list[Path] = []
+
+    def export_hf(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        self.folders.append(folder)
+        return folder
+
+
+class _WeightRoutes:
+    """vLLM's weight-reload routes on loopback (test stand-in for an engine: real HTTP)."""
+
+    def __init__(self) -> None:
+        self.reloads: list[str] = []
+        self.version: str | None = None
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> _WeightRoutes:
+        app = web.Application()
+        app.router.add_post("/collective_rpc", self._rpc)
+        app.router.add_post("/reset_prefix_cache", self._ok)
+        app.router.add_post("/update_weight_version", self._version)
+        app.router.add_get("/weight_info", self._info)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _rpc(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.reloads.append(body["kwargs"]["weights_path"])
+        return web.json_response({"ok": True})
+
+    async def _ok(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        self.version = (await request.json())["new_version"]
+        return web.json_response({"ok": True})
+
+    async def _info(self, _: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.version})
+
+
+async def test_disk_weight_sync_against_loopback_engines(tmp_path: Path) -> None:
+    """Two loopback stand-ins for vLLM's reload routes; the sync talks real HTTP to them."""
+    engines = [await _WeightRoutes().start(), await _WeightRoutes().start()]
+    try:
+        sync = DiskWeightSync([e.url for e in engines], tmp_path, keep_last=1)
+        trainer = _Exporter()
+        metrics = await sync.sync(trainer, 1)
+        assert metrics["total_s"] >= metrics["export_s"] >= 0
+        await sync.sync(trainer, 2)
+        for engine in engines:
+            assert engine.version == "2"
+            assert engine.reloads == [str(tmp_path / "v1"), str(tmp_path / "v2")]
+        assert not (tmp_path / "v1").exists() and (tmp_path / "v2").is_dir()
+        with pytest.raises(ValueError, match="increase"):
+            await sync.sync(trainer, 2)
+        bad = DiskWeightSync([engines[0].url, "http://127.0.0.1:1"], tmp_path / "b")
+        with pytest.raises(Exception, match=r"127\.0\.0\.1:1"):
+            await bad.sync(trainer, 1)
+    finally:
+        for engine in engines:
+            await engine.stop()
+    with pytest.raises(ValueError, match="at least one"):
+        DiskWeightSync([], tmp_path)
+
+
+class _StaleVersion(_WeightRoutes):
+    """An engine that reloads but keeps reporting its old weight version."""
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+
+async def test_disk_weight_sync_refuses_an_unconfirmed_version(tmp_path: Path) -> None:
+    engine = await _StaleVersion().start()
+    try:
+        with pytest.raises(WeightSyncError, match="serves weight version None"):
+            await DiskWeightSync([engine.url], tmp_path).sync(_Exporter(), 1)
+        assert engine.reloads == [str(tmp_path / "v1")]
+    finally:
+        await engine.stop()
