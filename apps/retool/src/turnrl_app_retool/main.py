@@ -1,0 +1,350 @@
+"""`uv run apps/retool`: SFT, evaluate, GRPO with the code sandbox, evaluate again.
+
+data   -> problems (generated, or DAPO-Math-17k) and SFT chats (generated, or ReTool-SFT)
+model  -> a tiny Qwen3 built here, or --hf-checkpoint
+SFT    -> TorchEngine, loss on assistant tokens only; exported as a Hugging Face folder
+eval   -> vLLM engine + sandbox: accuracy mean@k and turns on held-out problems / AIME
+GRPO   -> turnrl.grpo_core.loop.GRPOLoop: rollouts with the sandbox in the loop, ReTool
+          reward, weights pushed to the engine through disk after every step
+eval   -> again; table + run folder (config.json, metrics.jsonl, tensorboard/, summary.json)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from turnrl_app_retool.cli import resolve
+from turnrl_app_retool.config import RetoolAppConfig
+from turnrl_app_retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
+from turnrl_app_retool.episodes import episode_settings, generations_text, run_tasks, summarize
+from turnrl_app_retool.runlog import RunLogger
+from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, train_and_heldout
+
+
+class Datasets:
+    """The run's SFT chats, RL prompts and validation sets."""
+
+    def __init__(self, config: RetoolAppConfig, instruction: str) -> None:
+        d = config.data
+        train, heldout = train_and_heldout(max(d.num_train_problems, d.num_sft_chats),
+                                           d.num_val_problems, config.seed)  # fmt: skip
+        if d.sft_path:
+            self.sft_chats = load_retool_sft(d.sft_path)
+        else:  # SFT and RL share the generated training problems, never the held-out ones
+            self.sft_chats = list(iter_sft_chats(train[: d.num_sft_chats], instruction))
+        if d.train_path:
+            self.train = load_dapo_math(d.train_path, d.max_train_prompts)
+        else:
+            self.train = [p.task(i) for i, p in enumerate(train[: d.num_train_problems])]
+        self.val: dict[str, list[MathTask]] = {}
+        for path in d.val_paths:
+            tasks = load_aime(path)
+            self.val.setdefault(tasks[0].data_source if tasks else Path(path).stem, []).extend(
+                tasks
+            )
+        if not d.val_paths:
+            self.val[DATA_SOURCE] = [p.task(i) for i, p in enumerate(heldout)]
+        if config.eval.max_problems is not None:
+            self.val = {k: v[: config.eval.max_problems] for k, v in self.val.items()}
+
+
+def build_base_model(config: RetoolAppConfig, folder: Path) -> Path:
+    """The starting model: ``--hf-checkpoint``, or a tiny seeded Qwen3 written to ``folder``."""
+    if config.model.hf_checkpoint:
+        return Path(config.model.hf_checkpoint)
+    from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+
+    h = config.model.tiny_hidden_size
+    tiny = TinyModelConfig(hidden_size=h, intermediate_size=2 * h, head_dim=32,
+                           num_hidden_layers=config.model.tiny_num_layers,
+                           num_attention_heads=max(2, h // 32), num_key_value_heads=max(1, h // 64),
+                           seed=config.seed)  # fmt: skip
+    return build_tiny_model(folder, tiny)
+
+
+def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
+    """A TorchEngine with the RL stage's loss settings and learning rate ``lr``."""
+    from turnrl.grpo_core.algos import ActorLossConfig
+    from turnrl.grpo_core.training.torch_engine import (
+        OptimizerConfig,
+        TorchEngine,
+        TorchEngineConfig,
+    )
+
+    rl = config.rl
+    loss = ActorLossConfig(eps_clip=rl.eps_clip, eps_clip_high=rl.eps_clip_high,
+                           dual_clip_c=rl.dual_clip_c, use_kl_loss=rl.use_kl_loss,
+                           kl_loss_coef=rl.kl_loss_coef, entropy_coef=rl.entropy_coef,
+                           loss_agg_mode=rl.loss_agg_mode)  # type: ignore[arg-type]  # fmt: skip
+    return TorchEngine(TorchEngineConfig(
+        model_path=str(model_path), dtype=config.model.dtype,  # type: ignore[arg-type]
+        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0), loss=loss, micro_batch_size=micro,
+        temperature=rl.temperature, seed=config.seed,
+    ))  # fmt: skip
+
+
+def run_sft_stage(config: RetoolAppConfig, base: Path, chats: list[list[dict[str, Any]]],
+                  out: Path, console: Console, logger: RunLogger) -> tuple[Path, float]:  # fmt: skip
+    """Stage 1; returns the exported model folder and the last loss."""
+    from transformers import AutoTokenizer
+
+    from turnrl.grpo_core.training.sft import SFTConfig, SFTDataIterator, build_sft_example, run_sft
+    from turnrl.tool_envs.retool import CODE_INTERPRETER
+
+    tok = AutoTokenizer.from_pretrained(base)
+    examples = [build_sft_example(tok, chat, [CODE_INTERPRETER], config.sft.max_length)
+                for chat in chats]  # fmt: skip
+    trainer = make_trainer(base, config, config.sft.lr, config.sft.micro_batch_size)
+    data = SFTDataIterator(len(examples), config.seed)
+    step_config = SFTConfig(num_steps=1, global_batch_size=config.sft.global_batch_size,
+                            seed=config.seed)  # fmt: skip
+    loss = float("nan")
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("SFT", total=config.sft.num_steps)
+        for step in range(1, config.sft.num_steps + 1):
+            metrics = run_sft(trainer, examples, step_config, tok.pad_token_id, data)[0]
+            loss = float(metrics["loss"])
+            logger.log(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, "sft")
+            bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")
+    trainer.export_hf(out)
+    return out, loss
+
+
+@contextlib.contextmanager
+def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
+    """The external ``--sandbox-url``, or an embedded ``turnrl-sandbox serve`` for the run."""
+    if config.sandbox.url:
+        yield config.sandbox.url
+        return
+    from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+
+    with EmbeddedSandbox() as sandbox:
+        yield sandbox.url
+
+
+@contextlib.contextmanager
+def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[list[str]]:
+    """Start ``engine.num_engines`` vLLM servers for ``model``; yield their URLs; stop them."""
+    from turnrl.rollout_router.engine import EngineServer, EngineSpec
+    from turnrl.tool_envs.sandbox.embedded import free_port
+
+    e = config.engine
+    extra = [*e.extra_args, "--seed", str(config.seed)]
+    if e.max_num_seqs:
+        extra += ["--max-num-seqs", str(e.max_num_seqs)]
+    servers = []
+    try:
+        for _ in range(e.num_engines):
+            spec = EngineSpec(model=str(model), device=e.device, port=free_port(),
+                              max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
+                              tensor_parallel_size=e.tensor_parallel_size,
+                              gpu_memory_utilization=e.gpu_memory_utilization,
+                              cpu_kvcache_gib=e.cpu_kvcache_gib, extra_args=extra)  # fmt: skip
+            servers.append(EngineServer(spec, log_dir=log_dir).start())
+        yield [s.url for s in servers]
+    finally:
+        for server in servers:
+            server.stop()
+
+
+class Evaluator:
+    """Validation over every dataset; keeps what the summary table needs."""
+
+    def __init__(self, config: RetoolAppConfig, settings: Any, datasets: Datasets,
+                 logger: RunLogger) -> None:  # fmt: skip
+        self.config, self.settings, self.datasets, self.logger = config, settings, datasets, logger
+
+    async def __call__(self, engine: Any, step: int) -> dict[str, float]:
+        n = self.config.eval.n
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        turns, tokens = [], 0.0
+        for source, tasks in self.datasets.val.items():
+            trajs = await run_tasks(engine, self.settings, tasks, n, group_prefix=f"val-{source}")
+            m = summarize(trajs, source, n)
+            turns.append(m["val-aux/num_turns/mean"])
+            tokens += m["val-aux/generated_tokens"]
+            metrics.update(m)
+            self.logger.text(
+                f"val/{source}/generations", generations_text(trajs, self.settings.chat), step
+            )
+        seconds = time.perf_counter() - start
+        metrics["val-aux/num_turns/mean"] = sum(turns) / len(turns)
+        metrics["val-aux/seconds"] = seconds
+        metrics["val-aux/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+        self.logger.log(step, metrics, "val")
+        return metrics
+
+
+def accuracy(metrics: dict[str, float]) -> float:
+    """Mean of every dataset's ``val-core/.../acc/mean@k``."""
+    values = [v for k, v in metrics.items() if k.startswith("val-core/") and "/acc/" in k]
+    return sum(values) / len(values)
+
+
+async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], router: Any,
+                       settings: Any, datasets: Datasets, run_dir: Path, logger: RunLogger,
+                       console: Console) -> list[dict[str, float]]:  # fmt: skip
+    """Stage 2: GRPO steps with the sandbox in the loop; engines get each step's weights."""
+    from transformers import AutoTokenizer
+
+    from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig
+
+    rl = config.rl
+    loop_config = LoopConfig(num_rollout=rl.num_rollout, rollout_batch_size=rl.rollout_batch_size,
+                             n_samples_per_prompt=rl.n_samples_per_prompt,
+                             global_batch_size=rl.global_batch_size,
+                             advantage_estimator=rl.advantage_estimator, rollout_shuffle=True,
+                             seed=config.seed)  # fmt: skip
+    trainer = make_trainer(policy, config, rl.lr, rl.micro_batch_size)
+    rl_settings = replace(settings, rollout=replace(settings.rollout, sampling=replace(
+        settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p)))  # fmt: skip
+
+    async def generate(prompts: list[MathTask], n: int) -> list[Any]:
+        return await run_tasks(router, rl_settings, prompts, n, group_prefix="train")
+
+    async def reward(samples: list[Any]) -> list[float]:
+        return [float(s.reward) for s in samples]  # scored in run_tasks with the answer at hand
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("GRPO", total=rl.num_rollout)
+
+        def on_metrics(step: int, metrics: dict[str, float]) -> None:
+            logger.log(step, metrics, "rl")
+            bar.update(task, advance=1, description=(
+                f"GRPO reward {metrics['rollout/reward_mean']:+.2f}"))  # fmt: skip
+
+        loop = GRPOLoop(loop_config, trainer, datasets.train, generate, reward,
+                        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
+                        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+                        on_metrics=on_metrics)  # fmt: skip
+        history = await loop.run()
+    trainer.export_hf(run_dir / "model" / "rl")
+    return history
+
+
+async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[str, Any]:
+    """One full run; returns the summary (also written to ``<run_dir>/summary.json``)."""
+    from turnrl.rollout_router.router import Router
+    from turnrl.tool_envs.chat import ChatTokenizer
+    from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
+    from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+
+    console = console or Console()
+    start = time.perf_counter()
+    run_dir = Path(config.run_dir or f"runs/retool-{time.strftime('%Y%m%d-%H%M%S')}")
+    config.run_dir = str(run_dir)
+    config.save(run_dir)
+    os.environ.update(config.env)
+    phases: dict[str, float] = {}
+    datasets = Datasets(config, DEFAULT_INSTRUCTION)
+    with RunLogger(run_dir) as logger:
+        if logger.tensorboard_error:
+            console.print(f"[yellow]{logger.tensorboard_error}")
+        t0 = time.perf_counter()
+        policy = build_base_model(config, run_dir / "model" / "base")
+        sft_loss = None
+        if config.sft.enabled:
+            policy, sft_loss = run_sft_stage(config, policy, datasets.sft_chats,
+                                             run_dir / "model" / "sft", console, logger)  # fmt: skip
+        phases["sft_s"] = time.perf_counter() - t0
+        console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")
+        with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as urls:
+            box = SandboxClient(SandboxClientConfig(url=url, run_timeout=config.sandbox.run_timeout,
+                                                    memory_limit_mb=config.sandbox.memory_limit_mb,
+                                                    max_concurrency=config.sandbox.max_concurrency))  # fmt: skip
+            settings = episode_settings(config, ChatTokenizer.from_dir(policy), box,
+                                        config.eval.temperature, config.eval.top_p)  # fmt: skip
+            evaluate = Evaluator(config, settings, datasets, logger)
+            async with Router(urls) as router:
+                t0 = time.perf_counter()
+                before = await evaluate(router, 0)
+                phases["eval_before_s"] = time.perf_counter() - t0
+                console.print(f"before RL: acc {accuracy(before):.3f}, "
+                              f"turns {before['val-aux/num_turns/mean']:.2f}")  # fmt: skip
+                history: list[dict[str, float]] = []
+                t0 = time.perf_counter()
+                if config.rl.enabled:
+                    history = await run_rl_stage(config, policy, urls, router, settings, datasets,
+                                                 run_dir, logger, console)  # fmt: skip
+                phases["rl_s"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                after = await evaluate(router, len(history)) if history else before
+                phases["eval_after_s"] = time.perf_counter() - t0
+        summary = make_summary(config, before, after, history, phases, time.perf_counter() - start)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(results_table(summary))
+    console.print(f"run folder: {run_dir}")
+    return summary
+
+
+def make_summary(config: RetoolAppConfig, before: dict[str, float], after: dict[str, float],
+                 history: Sequence[dict[str, float]], phases: dict[str, float],
+                 wall: float) -> dict[str, Any]:  # fmt: skip
+    """summary.json: accuracy and turns before/after RL, the delta, steps, timings."""
+    acc_before, acc_after = accuracy(before), accuracy(after)
+    rewards = [h.get("rollout/reward_mean", 0.0) for h in history]
+    return {
+        "preset": config.preset,
+        "n": config.eval.n,
+        "val_datasets": sorted({k.split("/")[1] for k in before if k.startswith("val-core/")}),
+        "acc_before": acc_before,
+        "acc_after": acc_after,
+        "acc_delta": acc_after - acc_before,
+        "num_turns_before": before["val-aux/num_turns/mean"],
+        "num_turns_after": after["val-aux/num_turns/mean"],
+        "tokens_per_s_before": before["val-aux/tokens_per_s"],
+        "tokens_per_s_after": after["val-aux/tokens_per_s"],
+        "train_reward_first": rewards[0] if rewards else None,
+        "train_reward_last": rewards[-1] if rewards else None,
+        "steps": len(history),
+        "phases_s": phases,
+        "wall_seconds": wall,
+        "metrics_before": before,
+        "metrics_after": after,
+    }
+
+
+def results_table(summary: dict[str, Any]) -> Table:
+    """The rich table printed at the end."""
+    n, phases = summary["n"], summary["phases_s"]
+    table = Table(title=f"ReTool ({summary['preset']}), {', '.join(summary['val_datasets'])}")
+    for column in ("", f"acc mean@{n}", "mean turns", "tokens/s", "time"):
+        table.add_column(column)
+    table.add_row("after SFT", f"{summary['acc_before']:.3f}", f"{summary['num_turns_before']:.2f}",
+                  f"{summary['tokens_per_s_before']:.0f}",
+                  f"SFT {phases['sft_s']:.0f}s + eval {phases['eval_before_s']:.0f}s")  # fmt: skip
+    table.add_row(f"after RL ({summary['steps']} steps)", f"{summary['acc_after']:.3f}",
+                  f"{summary['num_turns_after']:.2f}", f"{summary['tokens_per_s_after']:.0f}",
+                  f"RL {phases['rl_s']:.0f}s + eval {phases['eval_after_s']:.0f}s")  # fmt: skip
+    table.add_row("delta", f"{summary['acc_delta']:+.3f}",
+                  f"{summary['num_turns_after'] - summary['num_turns_before']:+.2f}", "",
+                  f"total {summary['wall_seconds']:.0f}s")  # fmt: skip
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``uv run apps/retool``."""
+    config, args = resolve(argv)
+    if args.print_config:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    asyncio.run(run(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

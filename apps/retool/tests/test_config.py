@@ -1,0 +1,103 @@
+"""Preset resolution, command-line overrides and validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from turnrl_app_retool.cli import resolve
+from turnrl_app_retool.config import PRESETS, QWEN3_4B, QWEN25_7B, preset
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_valid_and_named(name: str) -> None:
+    config = preset(name).validate()
+    assert config.preset == name
+    rl = config.rl
+    assert (rl.rollout_batch_size * rl.n_samples_per_prompt) % rl.global_batch_size == 0
+
+
+def test_real_scale_presets_follow_the_recipe() -> None:
+    npu4b, npu7b, gpu = preset("qwen3-4b-npu"), preset("qwen2.5-7b-npu"), preset("qwen3-4b-gpu")
+    for c in (npu4b, npu7b, gpu):
+        assert (c.rl.eps_clip, c.rl.eps_clip_high, c.rl.dual_clip_c) == (0.2, 0.28, 10.0)
+        assert not c.rl.use_kl_loss and c.rl.kl_loss_coef == 0.0
+        assert c.rl.n_samples_per_prompt == 16 and c.rl.lr == 1e-6
+        assert c.rl.loss_agg_mode == "token-mean" and c.rl.max_turns == 16
+        assert (c.eval.n, c.eval.temperature, c.eval.top_p) == (30, 1.0, 0.6)
+        assert c.num_devices == 8 and c.rl.max_prompt_length == 2048
+    assert npu4b.model.hf_checkpoint == QWEN3_4B and npu4b.engine.device == "npu"
+    assert npu4b.sft.enabled and npu4b.sft.lr == 1e-5 and npu4b.sft.max_length == 16384
+    assert npu4b.env["VLLM_ASCEND_ENABLE_NZ"] == "0"
+    assert "aime_2025" in npu4b.data.val_paths[0]
+    assert npu7b.model.hf_checkpoint == QWEN25_7B and not npu7b.sft.enabled
+    assert npu7b.rl.rollout_batch_size == 32 and npu7b.rl.max_response_length == 20480
+    assert "AIME_2024" in npu7b.data.val_paths[0]
+    assert gpu.engine.device == "gpu" and gpu.engine.tensor_parallel_size == 4 and not gpu.env
+
+
+def test_default_and_smoke() -> None:
+    config, _ = resolve([])
+    assert config.preset == "cpu-default" and config.sandbox.url is None
+    assert config.model.hf_checkpoint is None and config.engine.device == "cpu"
+    smoke, _ = resolve(["--smoke"])
+    assert smoke.preset == "smoke"
+    assert smoke.rl.num_rollout < config.rl.num_rollout
+    assert smoke.sft.num_steps < config.sft.num_steps
+
+
+def test_flags_override_the_preset() -> None:
+    config, _ = resolve([
+        "--preset", "qwen3-4b-gpu", "--num-rollout", "3", "--lr", "2e-6", "--sandbox-url",
+        "http://sandbox:8080", "--val-data", "a.parquet", "--val-data", "b.jsonl",
+        "--no-sft", "--use-kl-loss", "--kl-loss-coef", "0.001", "--run-dir", "out", "--seed", "7",
+    ])  # fmt: skip
+    assert config.rl.num_rollout == 3 and config.rl.lr == 2e-6
+    assert config.sandbox.url == "http://sandbox:8080"
+    assert config.data.val_paths == ["a.parquet", "b.jsonl"]
+    assert not config.sft.enabled and config.rl.use_kl_loss and config.rl.kl_loss_coef == 0.001
+    assert config.run_dir == "out" and config.seed == 7
+    assert config.rl.n_samples_per_prompt == 16  # untouched fields keep the preset's value
+
+
+def test_presets_are_fresh_objects() -> None:
+    a = preset("cpu-default")
+    a.rl.num_rollout = 999
+    a.data.val_paths.append("x")
+    assert preset("cpu-default").rl.num_rollout != 999
+    assert preset("cpu-default").data.val_paths == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--global-batch-size", "7"], "multiple of global_batch_size"),
+        (["--sandbox-url", "sandbox:8080"], "http"),
+        (["--device", "tpu"], "cpu, gpu or npu"),
+        (["--device", "npu"], "--hf-checkpoint"),
+        (["--n-val-samples", "0"], "eval.n"),
+        (["--smoke", "--preset", "qwen3-4b-gpu"], "exclusive"),
+        (["--preset", "nope"], "invalid choice"),
+        (["--num-rollout", "many"], "invalid int"),
+    ],
+)
+def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        resolve(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="cpu-default"):
+        preset("qwen9")
+
+
+def test_resolved_config_is_saved(tmp_path: Path) -> None:
+    config, _ = resolve(["--smoke", "--seed", "3"])
+    path = config.save(tmp_path / "run")
+    saved = json.loads(path.read_text())
+    assert saved["preset"] == "smoke" and saved["seed"] == 3
+    assert saved["rl"]["num_rollout"] == config.rl.num_rollout
+    assert saved["sandbox"]["url"] is None

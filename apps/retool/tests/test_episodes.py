@@ -1,0 +1,119 @@
+"""ReTool episodes end to end with the real sandbox, chat template and reward.
+
+The policy here is a scripted stand-in for the vLLM engine (whose real run is the
+`@pytest.mark.vllm` smoke test): it answers token-in/token-out like an engine, with a tool
+call that computes the problem, then the `\\boxed{}` answer (or a wrong one).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from turnrl_app_retool.config import preset
+from turnrl_app_retool.episodes import (
+    episode_settings,
+    generations_text,
+    run_tasks,
+    summarize,
+    verl_num_turns,
+)
+from turnrl_app_retool.synth import make_problems
+
+from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.protocol import Generation, SamplingParams
+from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+
+
+class ScriptedPolicy:
+    """Engine stand-in: calls code_interpreter once, then boxes the tool output (or ``wrong``)."""
+
+    def __init__(self, chat: ChatTokenizer, use_tool: bool = True, wrong: bool = False) -> None:
+        self.chat, self.use_tool, self.wrong = chat, use_tool, wrong
+        self.calls = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       session_id: str | None = None) -> Generation:  # fmt: skip
+        self.calls += 1
+        text = self.chat.decode(prompt_ids)
+        outputs = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+        if self.use_tool and not outputs:
+            user = text[text.rindex("<|im_start|>user") :]
+            expression = " ".join(re.findall(r"\d+", user)[:2]).replace(" ", " * ")
+            reply = ('Let me compute.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
+                     f'{{"code": "print({expression})"}}}}\n</tool_call>')  # fmt: skip
+        else:
+            answer = "0" if self.wrong or not outputs else outputs[-1].strip()
+            reply = f"The result is \\boxed{{{answer}}}."
+        ids = [*self.chat.encode(reply), self.chat.end_of_turn_id]
+        return Generation(ids, [-0.5] * len(ids), "stop", self.chat.end_of_turn_id)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    folder = Path(tmp_path_factory.mktemp("tok"))
+    build_tiny_tokenizer().save_pretrained(folder)
+    chat = ChatTokenizer.from_dir(folder)
+    assert chat.end_of_turn == IM_END
+    return chat
+
+
+@pytest.fixture(scope="module")
+def sandbox_client():
+    with EmbeddedSandbox() as sandbox:
+        yield SandboxClient(SandboxClientConfig(url=sandbox.url))
+
+
+def tasks(num: int):
+    # Plain products only ("What is a * b?"), the kind the scripted policy can compute.
+    problems = [p for p in make_problems(200, seed=2) if p.problem.startswith("What is")]
+    return [p.task(i) for i, p in enumerate(problems[:num])]
+
+
+def test_verl_turn_count() -> None:
+    one_round = [{"role": "system"}, {"role": "user"}, {"role": "assistant"}, {"role": "tool"},
+                 {"role": "tool"}, {"role": "assistant"}]  # fmt: skip
+    assert verl_num_turns(one_round) == 4  # user, assistant, tool block, assistant
+    assert verl_num_turns([{"role": "user"}, {"role": "assistant"}]) == 2
+
+
+async def test_tool_using_policy_is_correct_and_rewarded(chat, sandbox_client) -> None:
+    config = preset("smoke")
+    settings = episode_settings(config, chat, sandbox_client, temperature=1.0, top_p=1.0)
+    items = tasks(3)
+    trajs = await run_tasks(ScriptedPolicy(chat), settings, items, n=2)
+    assert len(trajs) == 6
+    assert [t.group_id for t in trajs] == ["g-0", "g-0", "g-1", "g-1", "g-2", "g-2"]
+    for t in trajs:
+        assert t.status == "completed", t.metadata
+        assert t.num_tool_calls == 1 and t.num_turns == 2
+        assert t.metadata["num_turns_verl"] == 4
+        assert t.reward == 1.0 and t.reward_breakdown["correct"] == 1.0
+        # the interpreter output is in the trajectory, with loss mask 0
+        tool_ids = chat.encode(t.metadata["answer"])
+        text = chat.decode(t.response_ids)
+        assert f"<tool_response>\n{t.metadata['answer']}\n</tool_response>" in text
+        assert sum(t.loss_mask) < len(t.response_ids) and tool_ids
+    metrics = summarize(trajs, "synth_arith", 2)
+    assert metrics["val-core/synth_arith/acc/mean@2"] == 1.0
+    assert metrics["val-aux/num_turns/mean"] == 4.0
+    assert "\\boxed{" in generations_text(trajs, chat, limit=1)
+
+
+async def test_wrong_answers_get_the_tool_bonus_only_with_tools(chat, sandbox_client) -> None:
+    settings = episode_settings(preset("smoke"), chat, sandbox_client, 1.0, 1.0)
+    items = tasks(2)
+    with_tool = await run_tasks(ScriptedPolicy(chat, wrong=True), settings, items, n=1)
+    no_tool = await run_tasks(ScriptedPolicy(chat, use_tool=False, wrong=True), settings, items, 1)
+    assert [t.reward for t in with_tool] == [-0.9, -0.9]  # -1 + 0.1 x 1 round
+    assert [t.reward for t in no_tool] == [-1.0, -1.0]
+    assert summarize(no_tool, "x", 1)["val-aux/num_turns/mean"] == 2.0
+    assert summarize(with_tool, "x", 1)["val-core/x/acc/mean@1"] == 0.0
+
+
+def test_summarize_needs_episodes() -> None:
+    with pytest.raises(ValueError, match="no episodes"):
+        summarize([], "x", 1)

