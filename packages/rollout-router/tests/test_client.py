@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from turnrl.rollout_router.client import EngineClient, engine_request_id
@@ -223,3 +224,34 @@ async def test_drain_timeout_names_the_stuck_requests(make_engine):
             await client.abort(["stuck"], drain_timeout=0.6)
         assert err.value.pending == ["stuck"]
         task.cancel()
+
+
+async def test_sse_lines_reads_lines_longer_than_aiohttps_limit():
+    """vLLM's final chunk after an abort can exceed aiohttp's 512 KiB line limit."""
+    from aiohttp import web
+
+    from turnrl.rollout_router.client import sse_lines
+
+    long_line = b"data: " + b"x" * (3 * 1024 * 1024)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for part in (b"data: a\n", long_line[:1000], long_line[1000:] + b"\n", b"data: [DONE]"):
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/") as resp:
+            lines = [line async for line in sse_lines(resp.content)]
+    finally:
+        await runner.cleanup()
+    assert lines == [b"data: a", long_line, b"data: [DONE]"]

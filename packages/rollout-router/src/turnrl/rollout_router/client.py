@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,25 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 def engine_request_id(request_id: str) -> str:
     """The id the engine files a generate request under (what its abort route needs)."""
     return request_id if request_id.startswith(ENGINE_ID_PREFIX) else ENGINE_ID_PREFIX + request_id
+
+
+async def sse_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Lines of a streamed response, of any length.
+
+    aiohttp's own line reader gives up at 512 KiB, and vLLM's final chunk after an abort
+    can carry every token generated so far (seen at ~30k tokens with logprobs).
+    """
+    buf = bytearray()
+    async for piece in content.iter_any():
+        start = len(buf)
+        buf += piece
+        cut = 0
+        while (end := buf.find(b"\n", max(start, cut))) >= 0:
+            yield bytes(buf[cut:end])
+            cut = end + 1
+        del buf[:cut]
+    if buf:
+        yield bytes(buf)
 
 
 @dataclass
@@ -198,7 +218,7 @@ class EngineClient:
                         raise EngineRequestError(f"{where} -> HTTP {resp.status}: {text}",
                                                  resp.status)  # fmt: skip
                     raise EngineUnavailableError(f"{where} -> HTTP {resp.status}: {text}")
-                async for raw in resp.content:
+                async for raw in sse_lines(resp.content):
                     line = raw.strip()
                     if not line.startswith(b"data:"):
                         continue
