@@ -64,6 +64,29 @@ async def test_stream_closed_after_our_abort_is_an_abort_not_a_failure(make_engi
     assert 0 < len(gen.token_ids) < 10_000
 
 
+@pytest.mark.parametrize("label", ["abort", "length"])
+async def test_aborted_stream_is_an_abort_whatever_the_engine_labels_it(make_engine, label):
+    engine = await make_engine(token_delay=0.01, abort_reason=label)
+    async with EngineClient(engine.url) as client:
+        task = asyncio.create_task(
+            client.generate([1], SamplingParams(max_tokens=10_000), request_id="r1")
+        )
+        while client.in_flight_tokens().get("r1", 0) < 5:
+            await asyncio.sleep(0.01)
+        assert await client.abort(["r1"], drain_timeout=2.0) == 1
+        gen = await task
+    assert gen.finish_reason == "abort"
+    assert 5 <= len(gen.token_ids) < 10_000
+
+
+async def test_length_finish_at_the_limit_stays_length_after_a_late_abort(make_engine):
+    engine = await make_engine()
+    async with EngineClient(engine.url) as client:
+        gen = await client.generate([1], SamplingParams(max_tokens=7), request_id="r1")
+        assert await client.abort(["r1"], drain_timeout=1.0) == 0
+    assert gen.finish_reason == "length" and len(gen.token_ids) == 7
+
+
 def test_engine_request_id_is_prefixed_once():
     assert engine_request_id("abc") == "generate-tokens-abc"
     assert engine_request_id("generate-tokens-abc") == "generate-tokens-abc"

@@ -51,6 +51,9 @@ class FakeEngine:
     close_on_abort: bool = False
     """End an aborted stream by closing the connection instead of a final ``abort`` chunk
     (what a loaded vLLM server was seen to do)."""
+    abort_reason: str = "abort"
+    """Finish reason of the final chunk of an aborted stream (``length`` mimics an engine
+    that labels a request cut short by an abort as length-capped)."""
     name: str = "fake"
     """Reported in ``/v1/completions`` answers (``model``) to show where a request went."""
     port: int = 0
@@ -179,7 +182,7 @@ class FakeEngine:
                 if self.close_on_abort and request.transport is not None:
                     request.transport.close()
                     return resp
-                await resp.write(_chunk(rid, [], "abort"))
+                await resp.write(_chunk(rid, [], self.abort_reason))
                 break
             await resp.write(
                 _chunk(rid, [(sum(prompt) + i) % 1000], "length" if i == n - 1 else None)
