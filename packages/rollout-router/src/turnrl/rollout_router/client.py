@@ -200,8 +200,10 @@ class EngineClient:
                     "sampling_params": sampling_to_vllm(sampling), "stream": True}  # fmt: skip
             await self._stream(body, out, flight)
             limit = getattr(sampling, "max_tokens", None)
-            if flight.aborted and out.finish_reason == "length" and (
-                limit is None or len(out.token_ids) < limit
+            if (
+                flight.aborted
+                and out.finish_reason == "length"
+                and (limit is None or len(out.token_ids) < limit)
             ):
                 # The engine may label a request it cut short on our abort "length";
                 # fewer tokens than asked for means the abort, not the limit, ended it.
