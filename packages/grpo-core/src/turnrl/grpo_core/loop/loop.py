@@ -159,10 +159,14 @@ class GRPOLoop:
 
     async def run_step(self) -> dict[str, float]:
         """One full step; returns its metrics (``rollout/``, ``train/``, ``perf/``)."""
-        cfg = self.config
+        prompts = self.data.next(self.config.rollout_batch_size)
+        samples, rollout_s = await self.collect(prompts)
+        return await self.learn(samples, rollout_s)
+
+    async def collect(self, prompts: list[Any]) -> tuple[list[Any], float]:
+        """Generate and score one step's samples; returns them and the seconds it took."""
         start = time.perf_counter()
-        prompts = self.data.next(cfg.rollout_batch_size)
-        samples = await self.generate(prompts, cfg.n_samples_per_prompt)
+        samples = await self.generate(prompts, self.config.n_samples_per_prompt)
         if not samples:
             raise RuntimeError("the generate hook returned no samples")
         rewards = await self.reward(samples)
@@ -172,8 +176,13 @@ class GRPOLoop:
             )
         for sample, value in zip(samples, rewards, strict=True):
             sample.reward = float(value)
-        rolled = time.perf_counter()
-        metrics = rollout_metrics(samples, rolled - start)
+        return samples, time.perf_counter() - start
+
+    async def learn(self, samples: list[Any], rollout_s: float) -> dict[str, float]:
+        """Train on scored samples, sync, checkpoint, evaluate; returns the step's metrics."""
+        cfg = self.config
+        start = time.perf_counter()
+        metrics = rollout_metrics(samples, rollout_s)
         metrics.update(self._train(samples))
         trained = time.perf_counter()
         self.step += 1
@@ -183,10 +192,10 @@ class GRPOLoop:
         synced = time.perf_counter()
         metrics.update(
             {
-                "perf/rollout_s": rolled - start,
-                "perf/train_s": trained - rolled,
+                "perf/rollout_s": rollout_s,
+                "perf/train_s": trained - start,
                 "perf/sync_s": synced - trained,
-                "perf/step_s": synced - start,
+                "perf/step_s": rollout_s + synced - start,
             }
         )
         if self.checkpoint_dir and cfg.save_interval and self.step % cfg.save_interval == 0:
