@@ -4,7 +4,8 @@ Each sync exports the trainer's weights as a Hugging Face folder ``<root>/v<vers
 (safetensors + config + tokenizer, replaced atomically by the exporter), asks every engine
 to ``reload_weights`` from it with that version, then reads the version back from each
 engine to confirm it serves the new weights. Older version folders are removed once no
-engine uses them. GPU/NPU collective transfer (NCCL/HCCL) is not implemented here.
+engine uses them. The GPU path, vLLM's collective weight transfer in buckets, is
+:class:`~turnrl.grpo_core.loop.collective_sync.CollectiveWeightSync`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,142 @@
+"""A stand-in for a vLLM engine's weight-transfer side, for CPU tests (no GPU here).
+
+vLLM's NCCL weight-transfer engine cannot run without a GPU, so this process serves the
+same HTTP routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
+``/update_weights``, ``/finish_weight_update``, ``/update_weight_version``,
+``/weight_info``, ``/pause``, ``/resume``, ``/shutdown_weight_transfer_engine``) with the
+same JSON bodies, joins the trainer's group as rank ``rank_offset`` with gloo over the
+trainer's TCPStore, and receives each bucket as one packed uint8 broadcast, cut by the
+names / dtypes / shapes of the ``/update_weights`` call. Test-only routes:
+``GET /received`` (calls counted), ``POST /dump`` (save the received tensors) and
+``POST /mode`` (reset, and set ``reject_init`` / ``stale_version`` / ``reject_update`` to
+simulate failures).
+
+Usage: ``python collective_receiver.py PORT``; prints ``ready <port>`` once listening
+(PORT 0 picks one).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+
+class Receiver:
+    """The engine-side state: group, received weights, version, call counts."""
+
+    def __init__(self, reject_init: bool = False, stale_version: bool = False,
+                 reject_update: bool = False) -> None:  # fmt: skip
+        self.reject_init = reject_init
+        """Answer 400 to ``/init_weight_transfer_engine``."""
+        self.stale_version = stale_version
+        """Never record a new weight version."""
+        self.reject_update = reject_update
+        """Answer 400 to ``/update_weights`` without joining the broadcast."""
+        self.group: Any = None
+        self.weights: dict[str, torch.Tensor] = {}
+        self.version: str | None = None
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def init(self, info: dict[str, Any]) -> None:
+        if self.reject_init:
+            raise ValueError("this engine rejects weight-transfer init (test)")
+        timeout = datetime.timedelta(seconds=60)
+        store = dist.TCPStore(info["master_address"], info["master_port"], info["world_size"],
+                              is_master=False, timeout=timeout)  # fmt: skip
+        prefixed = dist.PrefixStore("turnrl_weight_transfer", store)
+        self.group = dist.ProcessGroupGloo(
+            prefixed, info["rank_offset"], info["world_size"], timeout
+        )
+        self.packed_buffer_size_bytes = info["packed_buffer_size_bytes"]
+
+    def update(self, info: dict[str, Any]) -> None:
+        if self.reject_update:
+            raise ValueError("this engine rejects update_weights (test)")
+        dtypes = [getattr(torch, d) for d in info["dtype_names"]]
+        sizes = [math.prod(s) * d.itemsize for s, d in zip(info["shapes"], dtypes, strict=True)]
+        packed = torch.empty(sum(sizes), dtype=torch.uint8)
+        self.group.broadcast([packed], dist.BroadcastOptions()).wait()
+        for name, shape, dtype, part in zip(info["names"], info["shapes"], dtypes,
+                                            packed.split(sizes), strict=True):  # fmt: skip
+            self.weights[name] = part.clone().view(dtype).view(shape)
+
+
+class Handler(BaseHTTPRequestHandler):
+    receiver: Receiver
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        r = self.receiver
+        if self.path == "/weight_info":
+            self._reply(200, {"weight_version": r.version})
+        elif self.path == "/received":
+            self._reply(200, {"calls": r.calls, "names": sorted(r.weights)})
+        elif self.path == "/health":
+            self._reply(200, {})
+        else:
+            self._reply(404, {"error": self.path})
+
+    def do_POST(self) -> None:
+        r = self.receiver
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        route = self.path.split("?")[0]
+        with r.lock:
+            r.calls[route] = r.calls.get(route, 0) + 1
+        try:
+            if route == "/init_weight_transfer_engine":
+                r.init(body["init_info"])
+            elif route == "/update_weights":
+                r.update(body["update_info"])
+            elif route == "/finish_weight_update":
+                if not r.stale_version:
+                    r.version = body.get("weight_version")
+            elif route == "/update_weight_version":
+                if not r.stale_version:
+                    r.version = body["new_version"]
+            elif route == "/mode":
+                Handler.receiver = Receiver(body["reject_init"], body["stale_version"],
+                                            body.get("reject_update", False))  # fmt: skip
+            elif route == "/dump":
+                save_file(r.weights, body["path"])
+            elif route not in ("/start_weight_update", "/pause", "/resume",
+                               "/shutdown_weight_transfer_engine"):  # fmt: skip
+                self._reply(404, {"error": route})
+                return
+        except (ValueError, KeyError) as exc:
+            self._reply(400, {"error": str(exc)})
+            return
+        self._reply(200, {"message": "ok"})
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    Handler.receiver = Receiver()
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    print(f"ready {server.server_port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""CollectiveWeightSync on CPU: gloo instead of NCCL, a stand-in receiver instead of vLLM.
+
+vLLM's NCCL weight-transfer engine needs a GPU, which this machine lacks, so the engines
+here are ``collective_receiver.py`` processes: real HTTP servers with vLLM's routes and
+JSON bodies that join the trainer's group (gloo over the trainer's TCPStore) and cut the
+packed bucket broadcasts by the ``/update_weights`` metadata. The trainer side is the
+production code path; only the backend string (``gloo``) differs from a GPU run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from turnrl.grpo_core.loop import WeightSyncError
+from turnrl.grpo_core.loop.collective_sync import (
+    CollectiveSyncConfig,
+    CollectiveWeightSync,
+    hf_weights,
+    plan_buckets,
+)
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+from turnrl.rollout_router.client import EngineClient
+
+RECEIVER = Path(__file__).with_name("collective_receiver.py")
+
+
+@pytest.fixture(scope="module")
+def receivers() -> Iterator[list[str]]:
+    """Two stand-in receivers for the module (reset per test through ``/mode``)."""
+    procs = []
+    try:
+        for _ in range(2):
+            args = [sys.executable, str(RECEIVER), "0"]
+            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True))
+        urls = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            assert line and line[0] == "ready", f"receiver did not start: {line}"
+            urls.append(f"http://127.0.0.1:{line[1]}")
+        yield urls
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+        assert all(p.poll() is not None for p in procs)
+
+
+def engines(urls: list[str], *, reject_init: tuple[bool, bool] = (False, False),
+            stale_version: tuple[bool, bool] = (False, False),
+            reject_update: tuple[bool, bool] = (False, False)) -> list[str]:  # fmt: skip
+    """Reset both receivers, set their failure modes; return the URLs."""
+
+    async def reset() -> None:
+        modes = zip(urls, reject_init, stale_version, reject_update, strict=True)
+        for url, reject, stale, bad_update in modes:
+            body = {"reject_init": reject, "stale_version": stale, "reject_update": bad_update}
+            async with EngineClient(url) as client:
+                await client._call("POST", "/mode", body)
+
+    asyncio.run(reset())
+    return urls
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> TorchEngine:
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TinyModelConfig(seed=0))
+    return TorchEngine(TorchEngineConfig(model_path=str(folder), seed=0))
+
+
+def config(urls: list[str], **kw: object) -> CollectiveSyncConfig:
+    return CollectiveSyncConfig(engine_urls=urls, backend="gloo", init_timeout_s=20.0, **kw)  # type: ignore[arg-type]
+
+
+async def dump(url: str, path: Path) -> dict[str, torch.Tensor]:
+    async with EngineClient(url) as client:
+        await client._call("POST", "/dump", {"path": str(path)})
+    return load_file(str(path))
+
+
+async def received(url: str) -> dict[str, object]:
+    async with EngineClient(url) as client:
+        result: dict[str, object] = await client._call("GET", "/received")
+    return result
+
+
+def test_plan_buckets_follows_vllm_packing_rule() -> None:
+    assert plan_buckets([4, 4, 4, 4], 7) == [2, 2]  # 8 > 7 closes after two
+    assert plan_buckets([4, 4, 4, 4], 8) == [3, 1]  # 8 is not > 8; 12 is
+    assert plan_buckets([20, 1], 5) == [1, 1]
+    assert plan_buckets([], 5) == []
+
+
+def test_sync_delivers_exact_weights_in_buckets_to_two_gloo_standin_engines(
+    trainer: TorchEngine, receivers: list[str], tmp_path: Path
+) -> None:
+    two_engines = engines(receivers)
+    expected = dict(hf_weights(trainer))
+    sizes = [t.numel() * t.element_size() for t in expected.values()]
+    bucket_mb = 0.05
+    want_buckets = len(plan_buckets(sizes, int(bucket_mb * 2**20)))
+    assert want_buckets > 2, "the tiny model should need several buckets"
+    sync = CollectiveWeightSync(config(two_engines, bucket_mb=bucket_mb, pause_mode="keep"))
+
+    async def run() -> tuple[dict[str, float], dict[str, float]]:
+        first = await sync.sync(trainer, 1)
+        with torch.no_grad():  # change the weights: the second sync must carry them
+            for p in trainer.module.parameters():
+                p.add_(0.5)
+        second = await sync.sync(trainer, 2)
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert first["buckets"] == second["buckets"] == want_buckets
+    assert first["bytes"] == sum(sizes)
+    assert second["gb_per_s"] > 0 and second["total_s"] >= second["transfer_s"] > 0
+    now = dict(hf_weights(trainer))
+    for index, url in enumerate(two_engines):
+        got = asyncio.run(dump(url, tmp_path / f"e{index}.safetensors"))
+        assert got.keys() == now.keys()
+        for name, tensor in now.items():
+            assert torch.equal(got[name], tensor), name
+        stats = asyncio.run(received(url))
+        calls = stats["calls"]
+        assert isinstance(calls, dict)
+        assert calls["/update_weights"] == 2 * want_buckets
+        assert calls["/init_weight_transfer_engine"] == 1
+        assert calls["/pause"] == calls["/resume"] == 2
+        assert asyncio.run(_version(url)) == "2"
+    asyncio.run(sync.close())
+    assert sync.group is None
+
+
+async def _version(url: str) -> str | None:
+    async with EngineClient(url) as client:
+        return await client.weight_version()
+
+
+def test_sync_casts_to_configured_dtype(
+    trainer: TorchEngine, receivers: list[str], tmp_path: Path
+) -> None:
+    urls = engines(receivers)
+    sync = CollectiveWeightSync(config(urls, dtype="bfloat16"))
+    metrics = asyncio.run(sync.sync(trainer, 1))
+    got = asyncio.run(dump(urls[0], tmp_path / "bf16.safetensors"))
+    ref = dict(hf_weights(trainer, torch.bfloat16))
+    assert all(got[n].dtype == torch.bfloat16 and torch.equal(got[n], t) for n, t in ref.items())
+    assert metrics["bytes"] == sum(t.numel() * 2 for t in ref.values())
+    asyncio.run(sync.close())
+
+
+def test_engine_rejecting_init_raises_weight_sync_error(
+    trainer: TorchEngine, receivers: list[str]
+) -> None:
+    urls = engines(receivers, reject_init=(False, True))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(WeightSyncError, match=r"init_weight_transfer_engine failed.*rejects"):
+        asyncio.run(sync.sync(trainer, 1))
+    assert sync.group is None and sync.versions == []
+
+
+def test_engine_rejecting_a_bucket_raises_and_drops_the_group(
+    trainer: TorchEngine, receivers: list[str]
+) -> None:
+    urls = engines(receivers, reject_update=(False, True))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(WeightSyncError, match=r"update_weights failed.*rejects update_weights"):
+        asyncio.run(sync.sync(trainer, 1))
+    assert sync.group is None and sync.versions == []
+
+
+def test_engine_never_confirming_version_raises(trainer: TorchEngine, receivers: list[str]) -> None:
+    urls = engines(receivers, stale_version=(False, True))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(WeightSyncError, match=rf"{urls[1]} serves weight version None, sent 3"):
+        asyncio.run(sync.sync(trainer, 3))
+    asyncio.run(sync.close())
+
+
+def test_versions_must_increase(trainer: TorchEngine, receivers: list[str]) -> None:
+    urls = engines(receivers)
+    sync = CollectiveWeightSync(config(urls))
+    asyncio.run(sync.sync(trainer, 5))
+    with pytest.raises(ValueError, match="must increase: 5 after 5"):
+        asyncio.run(sync.sync(trainer, 5))
+    asyncio.run(sync.close())
+
+
+def test_non_zero_rank_only_gathers_and_never_calls_engines(trainer: TorchEngine) -> None:
+    sync = CollectiveWeightSync(config(["http://127.0.0.1:9"]), rank=1)  # nothing listens
+    metrics = asyncio.run(sync.sync(trainer, 1))
+    assert set(metrics) == {"total_s"} and sync.group is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"engine_urls": []}, "at least one engine url"),
+        ({"backend": "hccl"}, "backend must be one of"),
+        ({"bucket_mb": 0}, "bucket_mb must be > 0"),
+        ({"pause_mode": "stop"}, "pause_mode must be"),
+        ({"workers_per_engine": [1, 2]}, "workers_per_engine"),
+        ({"workers_per_engine": 0}, "workers_per_engine"),
+        ({"init_timeout_s": 0}, "init_timeout_s"),
+    ],
+)
+def test_config_rejects_bad_values(kw: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"engine_urls": ["http://a:1"], **kw}
+    with pytest.raises(ValueError, match=match):
+        CollectiveSyncConfig(**args)  # type: ignore[arg-type]
+
+
+def test_transfer_groups_reject_bad_arguments() -> None:
+    from turnrl.grpo_core.loop.transfer_group import (
+        NcclUniqueIdTransferGroup,
+        TorchTransferGroup,
+        load_nccl,
+    )
+
+    with pytest.raises(ValueError, match="gloo or nccl"):
+        TorchTransferGroup("mpi", 2)
+    with pytest.raises(ValueError, match=">= 1 worker"):
+        TorchTransferGroup("gloo", 1)
+    group = TorchTransferGroup("gloo", 2)
+    assert group.init_info()["master_port"] > 0 and group.init_info()["world_size"] == 2
+    with pytest.raises(RuntimeError, match="join"):
+        group.broadcast(torch.zeros(1))
+    group.close()
+    with pytest.raises(ValueError, match="needs a cuda device"):
+        NcclUniqueIdTransferGroup(2, "cpu")
+    with pytest.raises(RuntimeError, match="TURNRL_NCCL_LIBRARY"):
+        load_nccl("/nonexistent/libnccl.so.2")
+
+
+def test_rank_offsets_follow_workers_per_engine() -> None:
+    cfg = CollectiveSyncConfig(engine_urls=["http://a:1", "http://b:2"], workers_per_engine=[2, 3])
+    assert cfg.engine_workers() == [2, 3]
+    assert CollectiveSyncConfig(engine_urls=["http://a:1"], bucket_mb=1).bucket_bytes == 2**20
+
+
+FSDP_WORKER = """
+import asyncio, sys, torch, torch.distributed as dist
+from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
+from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+
+model, out, url = sys.argv[1], sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+try:
+    engine = TorchEngine(TorchEngineConfig(model_path=model, seed=0))
+    with torch.no_grad():
+        for p in engine.module.parameters():
+            p.mul_(1.5)  # on the local shard: only a full gather sees every change
+    cfg = CollectiveSyncConfig(engine_urls=[url], backend="gloo", bucket_mb=0.05)
+    sync = CollectiveWeightSync(cfg)
+    metrics = asyncio.run(sync.sync(engine, 1))
+    assert sync.rank == dist.get_rank()
+    assert ("buckets" in metrics) == (sync.rank == 0), metrics
+    engine.export_hf(f"{out}/export")
+    asyncio.run(sync.close())
+finally:
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_gather_shards_and_rank_zero_sends_full_weights(
+    receivers: list[str], tmp_path: Path
+) -> None:
+    """Two torchrun CPU ranks (FSDP2 over gloo) sync to one stand-in receiver."""
+    import os
+    import signal
+
+    url = engines(receivers)[0]
+    model = build_tiny_model(tmp_path / "tiny", TinyModelConfig(seed=0))
+    script = tmp_path / "worker.py"
+    script.write_text(FSDP_WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TURNRL_DEVICE="cpu")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(script), str(model), str(tmp_path), url]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-4000:]
+    exported = load_file(str(tmp_path / "export" / "model.safetensors"))
+    got = asyncio.run(dump(url, tmp_path / "got.safetensors"))
+    original = load_file(str(model / "model.safetensors"))
+    assert got.keys() == exported.keys()
+    for name, tensor in exported.items():
+        assert torch.equal(got[name], tensor), name
+        torch.testing.assert_close(tensor, original[name] * 1.5)
+    assert asyncio.run(_version(url)) == "1"
