@@ -16,16 +16,28 @@ reward), so the same loop serves every app; :func:`load_function` resolves a hoo
 dotted path as slime's ``--custom-generate-function-path`` / ``--custom-rm-path`` do.
 Samples whose response has no policy token (an episode that failed before the model
 spoke) still count for group statistics but are not trained on.
+
+Checkpoints (every ``save_interval`` steps, in ``<checkpoint_dir>/step_<n>``) hold the
+trainer's state (model, optimizer, RNG, see ``training/checkpoint.py``) and the loop's own
+(step, prompt position, history) under the ``loop`` key of the trainer's ``data_state``.
+:meth:`GRPOLoop.resume` restores both and pushes the restored weights to the engines, so
+the next step sees the same prompts and trains on the same batch as an uninterrupted run
+would, provided the generate hook is deterministic given ``(loop.step, prompt)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
 
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.samples import (
@@ -35,6 +47,7 @@ from turnrl.grpo_core.loop.samples import (
     split_batch,
 )
 from turnrl.grpo_core.loop.weight_sync import WeightSync
+from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
 
 GenerateFn = Callable[[list[Any], int], Awaitable[list[Any]]]
 """``(prompts, n_samples_per_prompt) -> samples`` (group ids set by the hook)."""
@@ -44,6 +57,14 @@ EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 """``(step) -> metrics`` run every ``eval_interval`` steps."""
 MetricsFn = Callable[[int, dict[str, float]], None]
 """``(step, metrics)`` called after every step (console line, TensorBoard, ...)."""
+
+LOOP_STATE_VERSION = 1
+"""Format version of the loop state stored in checkpoints."""
+_STEP_FOLDER = re.compile(r"step_(\d+)")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder exists but cannot be resumed from (corrupt or from another run)."""
 
 
 def load_function(path: str) -> Callable[..., Any]:
@@ -89,6 +110,102 @@ class PromptIterator:
             self.index += 1
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """The position (epoch, index) and what the order depends on, JSON-serialisable."""
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "num_prompts": len(self.prompts),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position saved by :meth:`state_dict`.
+
+        Raises:
+            CheckpointError: the state is malformed, or was saved over another number of
+                prompts, another seed or shuffle setting (the order would differ).
+        """
+        self.check_state(state)
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._make_order()
+
+    def check_state(self, state: Any) -> None:
+        """Raise :class:`CheckpointError` unless ``state`` can be loaded into this iterator."""
+        if not isinstance(state, dict):
+            raise CheckpointError(f"prompt position must be a dict, got {state!r}")
+        missing = {"epoch", "index", "num_prompts", "shuffle", "seed"} - state.keys()
+        if missing:
+            raise CheckpointError(f"prompt position lacks {sorted(missing)}")
+        mine = self.state_dict()
+        for key in ("num_prompts", "shuffle", "seed"):
+            if state[key] != mine[key]:
+                raise CheckpointError(
+                    f"the checkpoint's prompt order was made with {key}={state[key]!r}, this "
+                    f"run has {key}={mine[key]!r}; resuming would see other prompts"
+                )
+        epoch, index = state["epoch"], state["index"]
+        if not (isinstance(epoch, int) and isinstance(index, int)):
+            raise CheckpointError(f"epoch and index must be integers, got {epoch!r}, {index!r}")
+        if epoch < 0 or not 0 <= index <= len(self.prompts):
+            raise CheckpointError(
+                f"prompt position out of range: epoch {epoch}, index {index} "
+                f"of {len(self.prompts)} prompts"
+            )
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The complete ``step_<n>`` folder with the largest ``n`` under ``checkpoint_dir``.
+
+    A save cut short leaves no ``trainer_state.json`` (it is written last) or, killed
+    while writing it, one that does not parse; such folders are skipped. Returns None
+    when the folder does not exist or holds no complete checkpoint.
+    """
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(match.group(1)), path)
+        for path in root.iterdir()
+        if (match := _STEP_FOLDER.fullmatch(path.name)) and (path / TRAINER_STATE).is_file()
+    ]
+    for _, path in sorted(found, reverse=True):
+        try:
+            json.loads((path / TRAINER_STATE).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        return path
+    return None
+
+
+def read_loop_state(folder: str | Path) -> dict[str, Any]:
+    """The loop state stored in a checkpoint folder (not validated against a loop).
+
+    Raises:
+        FileNotFoundError: no such folder, or no ``trainer_state.json`` in it.
+        CheckpointError: ``trainer_state.json`` is not valid JSON or has no loop state.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no checkpoint folder at {folder}")
+    meta_path = folder / TRAINER_STATE
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{folder} is not a complete checkpoint (no {TRAINER_STATE}; was the save interrupted?)"
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"corrupt checkpoint {folder}: {TRAINER_STATE}: {exc}") from exc
+    data_state = meta.get("data_state") if isinstance(meta, dict) else None
+    loop_state = data_state.get("loop") if isinstance(data_state, dict) else None
+    if not isinstance(loop_state, dict):
+        raise CheckpointError(
+            f"{folder} holds no loop state (a trainer-only checkpoint, not saved by GRPOLoop?)"
+        )
+    return loop_state
+
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
@@ -127,7 +244,8 @@ class GRPOLoop:
         reference: Reference policy with ``attach(batch)`` for the KL loss (None: no KL).
         evaluate: Evaluation hook run every ``config.eval_interval`` steps.
         on_metrics: Called with each step's metrics.
-        checkpoint_dir: Where ``save_interval`` checkpoints go (``step_<n>`` folders).
+        checkpoint_dir: Where ``save_interval`` checkpoints go (``step_<n>`` folders,
+            written at the end of a step; see :meth:`resume` and :func:`latest_checkpoint`).
     """
 
     def __init__(
@@ -143,7 +261,7 @@ class GRPOLoop:
         reference: Any = None,
         evaluate: EvalFn | None = None,
         on_metrics: MetricsFn | None = None,
-        checkpoint_dir: str | None = None,
+        checkpoint_dir: str | Path | None = None,
     ) -> None:
         if config.save_interval and checkpoint_dir is None:
             raise ValueError("save_interval is set but no checkpoint_dir was given")
@@ -198,16 +316,15 @@ class GRPOLoop:
                 "perf/step_s": rollout_s + synced - start,
             }
         )
-        if self.checkpoint_dir and cfg.save_interval and self.step % cfg.save_interval == 0:
-            self.trainer.save_checkpoint(
-                f"{self.checkpoint_dir}/step_{self.step}",
-                {"epoch": self.data.epoch, "index": self.data.index},
-            )
         if self.evaluate is not None and cfg.eval_interval and self.step % cfg.eval_interval == 0:
             metrics.update(await self.evaluate(self.step))
         self.history.append(metrics)
         if self.on_metrics is not None:
             self.on_metrics(self.step, metrics)
+        # Last, so the checkpoint holds everything the step changed (RNG used by the
+        # evaluation included); a crash before it redoes the whole step on resume.
+        if self.checkpoint_dir and cfg.save_interval and self.step % cfg.save_interval == 0:
+            self.save_checkpoint()
         return metrics
 
     def _train(self, samples: list[Any]) -> dict[str, float]:
@@ -225,6 +342,84 @@ class GRPOLoop:
         for key in steps[0]:
             out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])
         return out
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's own state (JSON-serialisable): step, prompt position, history."""
+        return {
+            "version": LOOP_STATE_VERSION,
+            "step": self.step,
+            "data": self.data.state_dict(),
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (the trainer is not touched).
+
+        Raises:
+            CheckpointError: the state is malformed or belongs to another run's prompts.
+        """
+        self.check_state(state)
+        self.data.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        self.history = [dict(m) for m in state["history"]]
+
+    def check_state(self, state: Any) -> None:
+        """Raise :class:`CheckpointError` unless ``state`` can be loaded into this loop."""
+        if not isinstance(state, dict) or state.get("version") != LOOP_STATE_VERSION:
+            raise CheckpointError(
+                f"expected loop state version {LOOP_STATE_VERSION}, got "
+                f"{state.get('version') if isinstance(state, dict) else state!r}"
+            )
+        step, history = state.get("step"), state.get("history")
+        if not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"loop step must be an integer >= 0, got {step!r}")
+        if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
+            raise CheckpointError("loop history must be a list of metric dicts")
+        self.data.check_state(state.get("data"))
+
+    def save_checkpoint(self) -> Path:
+        """Save trainer and loop state to ``<checkpoint_dir>/step_<step>``; returns the folder."""
+        if self.checkpoint_dir is None:
+            raise ValueError("this loop has no checkpoint_dir")
+        folder = Path(self.checkpoint_dir) / f"step_{self.step}"
+        self.trainer.save_checkpoint(folder, {"loop": self.state_dict()})
+        return folder
+
+    async def resume(self, path: str | Path, *, sync_weights: bool = True) -> int:
+        """Continue from a checkpoint folder written by this loop (``.../step_<n>``).
+
+        Restores the trainer (model, optimizer, RNG states, optimizer step) and the loop
+        (step, prompt position, history), then, with ``sync_weights`` and a weight sync,
+        pushes the restored weights to the engines as version ``step`` so the next rollout
+        uses the policy the interrupted run would have used.
+
+        Args:
+            path: the checkpoint folder, e.g. ``latest_checkpoint(checkpoint_dir)``.
+            sync_weights: push the restored weights to the engines.
+
+        Returns:
+            The restored step (the number of steps already done).
+
+        Raises:
+            FileNotFoundError: no such folder, or an incomplete checkpoint (the save was
+                interrupted before its ``trainer_state.json`` was written).
+            CheckpointError: the folder is corrupt, holds no loop state, or was saved over
+                other prompts / seed; the trainer may be partly restored when it fails
+                while loading its own state.
+        """
+        folder = Path(path)
+        state = read_loop_state(folder)
+        self.check_state(state)  # before touching the trainer
+        try:
+            self.trainer.load_checkpoint(folder)
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            raise CheckpointError(f"cannot restore the trainer from {folder}: {exc}") from exc
+        self.load_state_dict(state)
+        if sync_weights and self.weight_sync is not None:
+            await self.weight_sync.sync(self.trainer, self.step)
+        return self.step
 
     async def run(self, num_steps: int | None = None) -> list[dict[str, float]]:
         """Run ``num_steps`` steps (default: ``config.num_rollout`` minus those done)."""

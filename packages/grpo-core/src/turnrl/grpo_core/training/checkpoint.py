@@ -96,7 +96,10 @@ def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any
     _barrier()
     if _rank() == 0:
         meta = {"step": engine.step, "world_size": engine.dp_size, "data_state": data_state}
-        (folder / TRAINER_STATE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        # Written last and atomically: a folder with this file is a complete checkpoint.
+        partial = folder / (TRAINER_STATE + ".tmp")
+        partial.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        os.replace(partial, folder / TRAINER_STATE)
     _barrier()
     return folder
 
