@@ -1,4 +1,4 @@
-"""Typed configuration of the synchronous GRPO loop, with slime's flag names.
+"""Typed configuration of the GRPO loops (synchronous and asynchronous), with slime's flag names.
 
 :class:`LoopConfig` holds what the loop itself decides (how many prompts and samples per
 step, how rewards become advantages, how samples are split into optimizer steps);
@@ -46,6 +46,13 @@ class LoopConfig:
     """Save a training checkpoint every this many steps; 0 never [--save-interval]."""
     seed: int = 1234
     """Seed of the prompt order [--seed]."""
+    max_off_policy_steps: int = 1
+    """Asynchronous mode only (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`): a
+    group generated with weights of version ``v`` may be trained at steps ``<= v + N``
+    (at most N steps off-policy); staler groups are aborted or dropped. 0 trains on-policy
+    only (no overlap). slime's ``train_async.py`` is fixed at 1; verl's fully-async
+    ``staleness_threshold`` plays this role [--max-off-policy-steps]. The synchronous
+    :class:`~turnrl.grpo_core.loop.loop.GRPOLoop` ignores it."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -56,6 +63,8 @@ class LoopConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_off_policy_steps < 0:
+            raise ValueError(f"max_off_policy_steps must be >= 0, got {self.max_off_policy_steps}")
         if self.eval_interval < 0 or self.save_interval < 0:
             raise ValueError("eval_interval and save_interval must be >= 0")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
