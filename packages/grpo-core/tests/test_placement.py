@@ -1,0 +1,197 @@
+"""Ray placement on a simulated two-node cluster (``ray.cluster_utils.Cluster``).
+
+Each node has 2 CPUs; one "device" is one CPU bundle. The tests check where Ray put the
+trainer and engine actors (by node id), that two trainer ranks train together over gloo
+exactly like one process on the whole batch, that an engine actor's server answers a real
+HTTP generation, and that a placement the cluster cannot hold fails within its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+# Before ray is imported (it reads these at import): no auth for this local cluster, and no
+# `uv run` runtime env (under `uv run` Ray would package the working folder and start every
+# worker through `uv run`, which costs seconds per worker).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+ray = pytest.importorskip("ray", reason="needs turnrl-grpo-core[ray]")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from turnrl.grpo_core.loop.placement import PlacementConfig  # noqa: E402
+from turnrl.grpo_core.loop.ray_actors import EngineLaunch, PlacementError, RayPlacement  # noqa: E402
+from turnrl.grpo_core.training.batch import TrainBatch  # noqa: E402
+from turnrl.grpo_core.training.tiny_model import build_tiny_model  # noqa: E402
+from turnrl.grpo_core.training.torch_engine import (  # noqa: E402
+    OptimizerConfig,
+    TorchEngine,
+    TorchEngineConfig,
+)
+from turnrl.rollout_router.client import EngineClient  # noqa: E402
+from turnrl.rollout_router.engine import EngineSpec  # noqa: E402
+from turnrl.rollout_router.protocol import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CPUS_PER_NODE = 2
+ACTOR_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def start_cluster(attempts: int = 2) -> Cluster:
+    """Two nodes; one retry, as Ray gives a raylet a fixed 30 s to register (a loaded machine
+    can miss that)."""
+    node_args = {"num_cpus": CPUS_PER_NODE, "object_store_memory": 100 * 1024**2}
+    for attempt in range(1, attempts + 1):
+        c = Cluster(initialize_head=False)
+        try:
+            c.add_node(**node_args, include_dashboard=False)  # the first node is the head
+            c.add_node(**node_args)
+            c.wait_for_nodes()
+            return c
+        except Exception:
+            c.shutdown()
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Two Ray nodes on this machine, 2 CPUs each, small object stores."""
+    c = start_cluster()
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("placement") / "tiny")
+
+
+def make_batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 700, (4, 16), generator=g)
+    attn = torch.ones_like(ids)
+    attn[3, 10:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 5:] = 1
+    return TrainBatch(input_ids=ids, attention_mask=attn, loss_mask=loss_mask * attn)
+
+
+def all_node_ids() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_disaggregated_trainers_and_engines_on_separate_nodes(
+    cluster: Cluster, tiny_model: Path
+) -> None:
+    """2 trainer ranks fill one node, 2 engines the other; the ranks train as one process."""
+    config = PlacementConfig(
+        actor_num_gpus_per_node=2, rollout_num_gpus=2, accelerator="CPU", strategy="PACK"
+    )
+    engine_config = TorchEngineConfig(
+        model_path=str(tiny_model), optimizer=OptimizerConfig(lr=1e-3), micro_batch_size=1
+    )
+    batch = make_batch()
+    shards = [batch.select(slice(0, 2)), batch.select(slice(2, 4))]
+    with RayPlacement(config, ready_timeout_s=60, env=ACTOR_ENV) as placement:
+        placement.start_trainers(engine_config)
+        urls = placement.start_engines(EngineLaunch(fake=True))
+        trainer_nodes, engine_nodes = placement.trainer_nodes, placement.engine_nodes
+        metrics = [placement.trainer_call("train_step", shards, objective="sft") for _ in range(2)]
+        logps = placement.trainer_call("compute_logprobs", [batch, batch])
+        generated = asyncio.run(generate_from(urls))
+    # Placement: each kind on its own node, the two nodes of the cluster.
+    assert len(set(trainer_nodes)) == 1 and len(set(engine_nodes)) == 1
+    assert set(trainer_nodes) | set(engine_nodes) == all_node_ids()
+    assert trainer_nodes[0] != engine_nodes[0]
+    # Both ranks report the same mini-batch loss, equal to one process on the whole batch.
+    single = TorchEngine(engine_config)
+    expected = [single.train_step(batch, objective="sft")["loss"] for _ in range(2)]
+    for step, per_rank in enumerate(metrics):
+        assert per_rank[0]["loss"] == pytest.approx(per_rank[1]["loss"], abs=1e-6)
+        assert per_rank[0]["loss"] == pytest.approx(expected[step], abs=1e-5)
+    # After the steps both ranks hold the same weights, and the single process's.
+    torch.testing.assert_close(logps[0], logps[1])
+    torch.testing.assert_close(logps[0], single.compute_logprobs(batch), atol=1e-5, rtol=1e-4)
+    # Each engine served a real HTTP generation: tokens are (sum(prompt) + i) % 1000.
+    assert generated == [[(6 + i) % 1000 for i in range(4)]] * 2
+
+
+async def generate_from(urls: list[str]) -> list[list[int]]:
+    out = []
+    for url in urls:
+        async with EngineClient(url) as client:
+            gen = await client.generate([1, 2, 3], SamplingParams(max_tokens=4))
+            out.append(list(gen.token_ids))
+    return out
+
+
+def test_colocated_engines_share_the_trainers_node(cluster: Cluster) -> None:
+    """With colocate, engine e sits on trainer e's bundle, hence on its node."""
+    config = PlacementConfig(
+        actor_num_gpus_per_node=2, rollout_num_gpus=2, colocate=True, accelerator="CPU"
+    )
+    with RayPlacement(config, ready_timeout_s=60, env=ACTOR_ENV) as placement:
+        assert placement.plan.num_bundles == 2
+        placement.start_trainers()  # actors only: the engines are tested above
+        urls = placement.start_engines(EngineLaunch(fake=True))
+        trainer_nodes, engine_nodes = placement.trainer_nodes, placement.engine_nodes
+        generated = asyncio.run(generate_from(urls))
+        free_cpus = ray.available_resources().get("CPU", 0.0)
+    assert engine_nodes == trainer_nodes
+    assert len(set(trainer_nodes)) == 1  # PACK puts both bundles on one node
+    assert generated == [[(6 + i) % 1000 for i in range(4)]] * 2
+    # Only 2 of the 4 CPUs were reserved: colocation needs no extra devices.
+    assert free_cpus == pytest.approx(2 * CPUS_PER_NODE - 2)
+
+
+def test_not_enough_resources_fails_within_timeout(cluster: Cluster) -> None:
+    """5 one-CPU bundles on 4 CPUs: a clear error after the timeout, nothing left reserved."""
+    config = PlacementConfig(actor_num_gpus_per_node=3, rollout_num_gpus=2, accelerator="CPU")
+    start = time.monotonic()
+    with pytest.raises(PlacementError, match=r"did not grant 5 bundle\(s\).*CPU: 4"):
+        RayPlacement(config, ready_timeout_s=3).start()
+    assert time.monotonic() - start < 20
+    # The unsatisfied placement group was removed: the CPUs are all free again.
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU", 0.0) < 2 * CPUS_PER_NODE:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
+
+
+def test_strict_spread_puts_one_bundle_per_node(cluster: Cluster) -> None:
+    """STRICT_SPREAD over 2 nodes: trainer and engine each get a node of their own."""
+    config = PlacementConfig(rollout_num_gpus=1, accelerator="CPU", strategy="STRICT_SPREAD")
+    with RayPlacement(config, ready_timeout_s=30) as placement:
+        nodes = [b.node_id for b in placement.bundles]
+        urls = placement.start_engines(EngineLaunch(fake=True))
+        generated = asyncio.run(generate_from(urls))
+    assert sorted(nodes) == sorted(all_node_ids())
+    assert generated == [[6, 7, 8, 9]]
+
+
+def test_engine_server_that_dies_is_a_clear_error(cluster: Cluster, tmp_path: Path) -> None:
+    """A real EngineServer launch whose process exits (no vLLM in this interpreter): the
+    error names the failed step and carries the server's log tail; nothing stays reserved."""
+    spec = EngineSpec(model=str(tmp_path / "no-model"), python=sys.executable, health_timeout=120)
+    placement = RayPlacement(PlacementConfig(accelerator="CPU"), ready_timeout_s=30).start()
+    try:
+        with pytest.raises(PlacementError, match=r"engine servers start failed(.|\n)*vllm"):
+            placement.start_engines(EngineLaunch(spec=spec, log_dir=str(tmp_path)))
+    finally:
+        placement.shutdown()
+    assert placement.pg is None and placement.engines == []
