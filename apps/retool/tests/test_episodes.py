@@ -15,6 +15,8 @@ from turnrl_app_retool.config import preset
 from turnrl_app_retool.episodes import (
     episode_settings,
     generations_text,
+    mean_and_stderr,
+    per_problem_accuracy,
     run_tasks,
     summarize,
     verl_num_turns,
@@ -117,3 +119,33 @@ async def test_wrong_answers_get_the_tool_bonus_only_with_tools(chat, sandbox_cl
 def test_summarize_needs_episodes() -> None:
     with pytest.raises(ValueError, match="no episodes"):
         summarize([], "x", 1)
+
+
+async def test_tool_schema_in_prompt_is_a_setting(chat, sandbox_client) -> None:
+    for shown in (True, False):
+        config = preset("smoke")
+        config.data.tool_schema_in_prompt = shown
+        settings = episode_settings(config, chat, sandbox_client, 1.0, 1.0)
+        (traj,) = await run_tasks(ScriptedPolicy(chat), settings, tasks(1), n=1)
+        assert ("<tools>" in chat.decode(traj.prompt_ids)) == shown
+        assert traj.num_tool_calls == 1 and traj.reward == 1.0  # the tool runs either way
+
+
+async def test_per_problem_accuracy_and_its_standard_error(chat, sandbox_client) -> None:
+    settings = episode_settings(preset("smoke"), chat, sandbox_client, 1.0, 1.0)
+    right = await run_tasks(ScriptedPolicy(chat), settings, tasks(2), n=2, group_prefix="a")
+    wrong = await run_tasks(ScriptedPolicy(chat, wrong=True), settings, tasks(2), n=2,
+                            group_prefix="b")  # fmt: skip
+    trajs = [right[0], wrong[0], right[2], right[3], wrong[2], wrong[3]]
+    trajs[1].group_id = "a-0"  # problem a-0: one right, one wrong
+    assert per_problem_accuracy(trajs) == [0.5, 1.0, 0.0]
+    metrics = summarize(trajs, "x", 2)
+    assert metrics["val-core/x/acc/mean@2"] == pytest.approx(0.5)
+    assert metrics["val-aux/x/acc/stderr@2"] == pytest.approx(0.5 / 3**0.5)  # std 0.5 over 3
+
+
+def test_mean_and_stderr() -> None:
+    assert mean_and_stderr([1.0, 0.0, 1.0, 0.0]) == (0.5, pytest.approx((1 / 3 / 4) ** 0.5))
+    assert mean_and_stderr([0.25]) == (0.25, 0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        mean_and_stderr([])

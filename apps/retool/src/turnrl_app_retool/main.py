@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,17 @@ from rich.progress import Progress
 from rich.table import Table
 
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.config import RetoolAppConfig
+from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
 from turnrl_app_retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
-from turnrl_app_retool.episodes import episode_settings, generations_text, run_tasks, summarize
+from turnrl_app_retool.episodes import (
+    episode_settings,
+    generations_text,
+    mean_and_stderr,
+    per_problem_accuracy,
+    run_tasks,
+    summarize,
+)
+from turnrl_app_retool.rl import make_trainer, run_rl_stage
 from turnrl_app_retool.runlog import RunLogger
 from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, train_and_heldout
 
@@ -75,25 +84,13 @@ def build_base_model(config: RetoolAppConfig, folder: Path) -> Path:
     return build_tiny_model(folder, tiny)
 
 
-def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
-    """A TorchEngine with the RL stage's loss settings and learning rate ``lr``."""
-    from turnrl.grpo_core.algos import ActorLossConfig
-    from turnrl.grpo_core.training.torch_engine import (
-        OptimizerConfig,
-        TorchEngine,
-        TorchEngineConfig,
-    )
-
-    rl = config.rl
-    loss = ActorLossConfig(eps_clip=rl.eps_clip, eps_clip_high=rl.eps_clip_high,
-                           dual_clip_c=rl.dual_clip_c, use_kl_loss=rl.use_kl_loss,
-                           kl_loss_coef=rl.kl_loss_coef, entropy_coef=rl.entropy_coef,
-                           loss_agg_mode=rl.loss_agg_mode)  # type: ignore[arg-type]  # fmt: skip
-    return TorchEngine(TorchEngineConfig(
-        model_path=str(model_path), dtype=config.model.dtype,  # type: ignore[arg-type]
-        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0), loss=loss, micro_batch_size=micro,
-        temperature=rl.temperature, seed=config.seed,
-    ))  # fmt: skip
+def sft_lr(sft: SFTStageConfig, step: int) -> float:
+    """SFT learning rate of ``step`` (1-based): constant, or cosine from lr to min_lr_ratio x lr."""
+    if sft.lr_decay == "constant" or sft.num_steps <= 1:
+        return sft.lr
+    progress = (step - 1) / (sft.num_steps - 1)
+    floor = sft.lr * sft.min_lr_ratio
+    return floor + (sft.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def run_sft_stage(config: RetoolAppConfig, base: Path, chats: list[list[dict[str, Any]]],
@@ -105,8 +102,8 @@ def run_sft_stage(config: RetoolAppConfig, base: Path, chats: list[list[dict[str
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
     tok = AutoTokenizer.from_pretrained(base)
-    examples = [build_sft_example(tok, chat, [CODE_INTERPRETER], config.sft.max_length)
-                for chat in chats]  # fmt: skip
+    tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
+    examples = [build_sft_example(tok, chat, tools, config.sft.max_length) for chat in chats]
     trainer = make_trainer(base, config, config.sft.lr, config.sft.micro_batch_size)
     data = SFTDataIterator(len(examples), config.seed)
     step_config = SFTConfig(num_steps=1, global_batch_size=config.sft.global_batch_size,
@@ -115,6 +112,8 @@ def run_sft_stage(config: RetoolAppConfig, base: Path, chats: list[list[dict[str
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("SFT", total=config.sft.num_steps)
         for step in range(1, config.sft.num_steps + 1):
+            for group in trainer.optimizer.param_groups:
+                group["lr"] = sft_lr(config.sft, step)
             metrics = run_sft(trainer, examples, step_config, tok.pad_token_id, data)[0]
             loss = float(metrics["loss"])
             logger.log(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, "sft")
@@ -166,6 +165,8 @@ class Evaluator:
     def __init__(self, config: RetoolAppConfig, settings: Any, datasets: Datasets,
                  logger: RunLogger) -> None:  # fmt: skip
         self.config, self.settings, self.datasets, self.logger = config, settings, datasets, logger
+        self.per_problem: dict[int, dict[str, list[float]]] = {}
+        """Step -> dataset -> each problem's accuracy (for standard errors and paired deltas)."""
 
     async def __call__(self, engine: Any, step: int) -> dict[str, float]:
         n = self.config.eval.n
@@ -175,6 +176,7 @@ class Evaluator:
         for source, tasks in self.datasets.val.items():
             trajs = await run_tasks(engine, self.settings, tasks, n, group_prefix=f"val-{source}")
             m = summarize(trajs, source, n)
+            self.per_problem.setdefault(step, {})[source] = per_problem_accuracy(trajs)
             turns.append(m["val-aux/num_turns/mean"])
             tokens += m["val-aux/generated_tokens"]
             metrics.update(m)
@@ -195,47 +197,6 @@ def accuracy(metrics: dict[str, float]) -> float:
     return sum(values) / len(values)
 
 
-async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], router: Any,
-                       settings: Any, datasets: Datasets, run_dir: Path, logger: RunLogger,
-                       console: Console) -> list[dict[str, float]]:  # fmt: skip
-    """Stage 2: GRPO steps with the sandbox in the loop; engines get each step's weights."""
-    from transformers import AutoTokenizer
-
-    from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig
-
-    rl = config.rl
-    loop_config = LoopConfig(num_rollout=rl.num_rollout, rollout_batch_size=rl.rollout_batch_size,
-                             n_samples_per_prompt=rl.n_samples_per_prompt,
-                             global_batch_size=rl.global_batch_size,
-                             advantage_estimator=rl.advantage_estimator, rollout_shuffle=True,
-                             seed=config.seed)  # fmt: skip
-    trainer = make_trainer(policy, config, rl.lr, rl.micro_batch_size)
-    rl_settings = replace(settings, rollout=replace(settings.rollout, sampling=replace(
-        settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p)))  # fmt: skip
-
-    async def generate(prompts: list[MathTask], n: int) -> list[Any]:
-        return await run_tasks(router, rl_settings, prompts, n, group_prefix="train")
-
-    async def reward(samples: list[Any]) -> list[float]:
-        return [float(s.reward) for s in samples]  # scored in run_tasks with the answer at hand
-
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("GRPO", total=rl.num_rollout)
-
-        def on_metrics(step: int, metrics: dict[str, float]) -> None:
-            logger.log(step, metrics, "rl")
-            bar.update(task, advance=1, description=(
-                f"GRPO reward {metrics['rollout/reward_mean']:+.2f}"))  # fmt: skip
-
-        loop = GRPOLoop(loop_config, trainer, datasets.train, generate, reward,
-                        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
-                        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
-                        on_metrics=on_metrics)  # fmt: skip
-        history = await loop.run()
-    trainer.export_hf(run_dir / "model" / "rl")
-    return history
-
-
 async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[str, Any]:
     """One full run; returns the summary (also written to ``<run_dir>/summary.json``)."""
     from turnrl.rollout_router.router import Router
@@ -249,6 +210,10 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
     config.run_dir = str(run_dir)
     config.save(run_dir)
     os.environ.update(config.env)
+    if config.model.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.model.torch_threads)
     phases: dict[str, float] = {}
     datasets = Datasets(config, DEFAULT_INSTRUCTION)
     with RunLogger(run_dir) as logger:
@@ -261,6 +226,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
             policy, sft_loss = run_sft_stage(config, policy, datasets.sft_chats,
                                              run_dir / "model" / "sft", console, logger)  # fmt: skip
         phases["sft_s"] = time.perf_counter() - t0
+        phases["sft_cpu_s"] = time.process_time()
         console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as urls:
             box = SandboxClient(SandboxClientConfig(url=url, run_timeout=config.sandbox.run_timeout,
@@ -278,26 +244,72 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
                 history: list[dict[str, float]] = []
                 t0 = time.perf_counter()
                 if config.rl.enabled:
-                    history = await run_rl_stage(config, policy, urls, router, settings, datasets,
-                                                 run_dir, logger, console)  # fmt: skip
+                    history = await run_rl_stage(config, policy, urls, router, settings,
+                                                 datasets.train, run_dir, logger, console)  # fmt: skip
                 phases["rl_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 after = await evaluate(router, len(history)) if history else before
                 phases["eval_after_s"] = time.perf_counter() - t0
-        summary = make_summary(config, before, after, history, phases, time.perf_counter() - start)
+        per_problem = (evaluate.per_problem[0], evaluate.per_problem[len(history)])
+        phases["app_cpu_s"] = time.process_time()  # this process: data, SFT, RL training
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)  # engines and sandbox, stopped
+        phases["children_cpu_s"] = children.ru_utime + children.ru_stime
+        summary = make_summary(config, before, after, history, phases, time.perf_counter() - start,
+                               per_problem)  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    render_curves(run_dir, console)
     console.print(results_table(summary))
     console.print(f"run folder: {run_dir}")
     return summary
 
 
+PerProblem = dict[str, list[float]]
+"""Dataset -> each held-out problem's accuracy (fraction of its k samples correct)."""
+
+
+def standard_errors(before: PerProblem, after: PerProblem) -> dict[str, float]:
+    """Standard errors of accuracy before/after and of the paired delta, over problems.
+
+    Accuracy over several datasets is the mean of their means, so its s.e. is
+    sqrt(sum of squared s.e.) / number of datasets. The delta is paired: the same problems
+    are evaluated before and after, so its s.e. comes from the per-problem differences.
+
+    Raises:
+        ValueError: the two evaluations do not cover the same datasets and problem counts.
+    """
+    if {k: len(v) for k, v in before.items()} != {k: len(v) for k, v in after.items()}:
+        raise ValueError("before/after evaluations must cover the same problems")
+
+    def combined(per_dataset: list[list[float]]) -> float:
+        squares = sum(mean_and_stderr(values)[1] ** 2 for values in per_dataset)
+        return float(squares**0.5 / len(per_dataset))
+
+    return {
+        "acc_before_se": combined(list(before.values())),
+        "acc_after_se": combined(list(after.values())),
+        "acc_delta_se": combined(
+            [[a - b for a, b in zip(after[k], before[k], strict=True)] for k in before]
+        ),
+        "num_val_problems": float(sum(len(v) for v in before.values())),
+    }
+
+
 def make_summary(config: RetoolAppConfig, before: dict[str, float], after: dict[str, float],
-                 history: Sequence[dict[str, float]], phases: dict[str, float],
-                 wall: float) -> dict[str, Any]:  # fmt: skip
-    """summary.json: accuracy and turns before/after RL, the delta, steps, timings."""
+                 history: Sequence[dict[str, float]], phases: dict[str, float], wall: float,
+                 per_problem: tuple[PerProblem, PerProblem] | None = None) -> dict[str, Any]:  # fmt: skip
+    """summary.json: accuracy (± s.e. when ``per_problem`` is given) and turns before/after
+    RL, the delta, steps, timings, and how many groups dynamic sampling filtered."""
     acc_before, acc_after = accuracy(before), accuracy(after)
     rewards = [h.get("rollout/reward_mean", 0.0) for h in history]
+    errors = standard_errors(*per_problem) if per_problem else {}
+    filtered = [h.get("rollout/dynamic_sampling/filtered_groups", 0.0) for h in history]
     return {
+        **errors,
+        "dynamic_sampling": config.rl.dynamic_sampling,
+        "filtered_groups_total": sum(filtered),
+        "gen_batches_total": sum(
+            h.get("rollout/dynamic_sampling/gen_batches", 1.0) for h in history
+        ),
         "preset": config.preset,
         "n": config.eval.n,
         "val_datasets": sorted({k.split("/")[1] for k in before if k.startswith("val-core/")}),
@@ -324,16 +336,39 @@ def results_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"ReTool ({summary['preset']}), {', '.join(summary['val_datasets'])}")
     for column in ("", f"acc mean@{n}", "mean turns", "tokens/s", "time"):
         table.add_column(column)
-    table.add_row("after SFT", f"{summary['acc_before']:.3f}", f"{summary['num_turns_before']:.2f}",
+
+    def acc(key: str) -> str:
+        sign = "+" if key == "acc_delta" else ""
+        se = summary.get(f"{key}_se")
+        return f"{summary[key]:{sign}.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+    table.add_row("after SFT", acc("acc_before"), f"{summary['num_turns_before']:.2f}",
                   f"{summary['tokens_per_s_before']:.0f}",
                   f"SFT {phases['sft_s']:.0f}s + eval {phases['eval_before_s']:.0f}s")  # fmt: skip
-    table.add_row(f"after RL ({summary['steps']} steps)", f"{summary['acc_after']:.3f}",
+    table.add_row(f"after RL ({summary['steps']} steps)", acc("acc_after"),
                   f"{summary['num_turns_after']:.2f}", f"{summary['tokens_per_s_after']:.0f}",
                   f"RL {phases['rl_s']:.0f}s + eval {phases['eval_after_s']:.0f}s")  # fmt: skip
-    table.add_row("delta", f"{summary['acc_delta']:+.3f}",
+    table.add_row("delta", acc("acc_delta"),
                   f"{summary['num_turns_after'] - summary['num_turns_before']:+.2f}", "",
                   f"total {summary['wall_seconds']:.0f}s")  # fmt: skip
     return table
+
+
+def render_curves(run_dir: Path, console: Console) -> list[Path]:
+    """PNG training/validation curves in the run folder (grpo-core's report); warn if unavailable."""
+    try:
+        from turnrl.grpo_core.report import render_curves as render
+    except ImportError as exc:  # matplotlib missing, or a grpo-core without the report module
+        console.print(f"[yellow]no PNG curves ({exc})")
+        return []
+    try:
+        paths = list(render(run_dir))
+    except Exception as exc:  # a plot must never fail a finished run
+        console.print(f"[yellow]no PNG curves: {type(exc).__name__}: {exc}")
+        return []
+    if paths:
+        console.print(f"curves: {', '.join(p.name for p in paths)}")
+    return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:

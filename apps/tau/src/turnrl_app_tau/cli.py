@@ -10,9 +10,11 @@ tau-bench's runner).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
@@ -98,6 +100,12 @@ _ARCH_FLAGS: list[tuple[str, Any]] = [
     ("--qk-layernorm", "on"),
     ("--untie-embeddings-and-output-weights", "on"),
 ]
+
+
+def _comma_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
     ("--seed", "seed", int, "global seed"),
@@ -122,6 +130,17 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--short-tools", "rollout.short_tools", "on", "tool schemas without descriptions"),
     ("--sft-steps", "tau.sft_steps", int, "SFT warm-up steps on gold conversations"),
     ("--sft-lr", "tau.sft_lr", float, "SFT learning rate"),
+    ("--sft-batch-size", "tau.sft_batch_size", int, "gold conversations per SFT step"),
+    ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),
+    ("--synthetic-num-users", "tau.synthetic_num_users", int, "synthetic customers"),
+    (
+        "--synthetic-kinds",
+        "tau.synthetic_kinds",
+        _comma_list,
+        "synthetic task kinds, comma-separated (status,cancel,address,return,exchange)",
+    ),
+    ("--tiny-hidden-size", "model.tiny_hidden_size", int, "tiny model: residual width"),
+    ("--tiny-num-layers", "model.tiny_num_layers", int, "tiny model: decoder layers"),
     ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
@@ -145,6 +164,8 @@ class Invocation:
     """train or eval."""
     config: TauAppConfig
     """The resolved configuration."""
+    resume: bool = False
+    """Continue the interrupted run in ``config.run_dir`` (``--resume``)."""
 
 
 def _add(
@@ -185,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="starting configuration (default cpu-default)",
     )
     parser.add_argument("--smoke", action="store_true", help="same as --preset smoke")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run in --run-dir (its config.json, then these flags)",
+    )
     app = parser.add_argument_group("app")
     for flag, dest, kind, help_ in _APP_FLAGS:
         _add(app, flag, dest, kind, help_)
@@ -217,8 +243,11 @@ def resolve(
     """
     args = vars(build_parser().parse_args(list(argv) if argv is not None else None))
     command, name, use_smoke = args.pop("command"), args.pop("preset"), args.pop("smoke")
+    resume = args.pop("resume")
     if use_smoke and name not in (None, "smoke"):
         raise ValueError(f"--smoke conflicts with --preset {name}")
+    if resume:
+        return Invocation(command, _resumed_config(args, name, use_smoke), resume=True)
     data = preset("smoke" if use_smoke else name or "cpu-default").to_dict()
     env = os.environ if environ is None else environ
     for var, dotted, convert in _ENV_VARS:
@@ -230,3 +259,26 @@ def resolve(
     for dotted, value in args.items():
         _set(data, dotted, value)
     return Invocation(command, from_dict(data))
+
+
+def _resumed_config(args: dict[str, Any], name: str | None, use_smoke: bool) -> TauAppConfig:
+    """The interrupted run's config.json with this command line's flags on top.
+
+    Raises:
+        ValueError: no --run-dir, no config.json in it, or a preset given with --resume.
+    """
+    if name or use_smoke:
+        raise ValueError("--resume continues a run with its own config; drop --preset/--smoke")
+    run_dir = args.get("run_dir")
+    if not run_dir:
+        raise ValueError("--resume needs --run-dir (the folder of the run to continue)")
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume: {path} not found (not a run folder of this app?)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resume: {path} is not valid JSON ({exc})") from exc
+    for dotted, value in args.items():
+        _set(data, dotted, value)
+    return from_dict(data)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ READ_ONLY_TOOLS = frozenset(
     }
 )
 CONFIRM_WORDS = ("confirm", "yes")
+TASK_KINDS: dict[str, str] = {
+    "status": "get_order_details",
+    "cancel": "cancel_pending_order",
+    "address": "modify_pending_order_address",
+    "return": "return_delivered_order_items",
+    "exchange": "exchange_delivered_order_items",
+}
+"""Synthetic task kind -> the name of its last gold action."""
 
 
 @dataclass
@@ -79,16 +88,7 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
         FileNotFoundError: the data or task file does not exist.
     """
     if settings.domain == "synthetic":
-        generated = tau_synth.generate(
-            settings.synthetic_seed, settings.synthetic_num_users, settings.synthetic_num_tasks
-        )
-        train, heldout = _split(generated.tasks, settings.num_heldout)
-        return TaskData(
-            generated.domain(),
-            train,
-            heldout,
-            f"synthetic mini-retail (seed {settings.synthetic_seed})",
-        )
+        return synthetic_tasks(settings)
     if settings.domain not in ("retail", "airline"):
         raise ValueError(f"domain must be retail, airline or synthetic, got {settings.domain!r}")
     root = tau_bench_dir(settings)
@@ -108,6 +108,48 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
         raise ValueError(f"no tasks in {task_file}[{settings.task_start}:{settings.task_end}]")
     train, heldout = _split(tasks, settings.num_heldout)
     return TaskData(domain, train, heldout, f"tau-bench {settings.domain} ({task_file.name})")
+
+
+def synthetic_tasks(settings: TauSettings) -> TaskData:
+    """The generated mini-retail domain with ``synthetic_num_tasks`` tasks of the chosen kinds.
+
+    With every kind, the generator's tasks as drawn. With a subset, the chosen kinds from
+    a longer draw (one task per kind and order, so no held-out task repeats a training
+    one), interleaved kind by kind.
+
+    Raises:
+        ValueError: an unknown kind, or too few distinct tasks of those kinds.
+    """
+    kinds = list(settings.synthetic_kinds)
+    unknown = sorted(set(kinds) - set(TASK_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"synthetic_kinds must be among {sorted(TASK_KINDS)}, got {kinds}")
+    wanted = {TASK_KINDS[k] for k in kinds}
+    n = settings.synthetic_num_tasks
+    draw = n if len(wanted) == len(TASK_KINDS) else 6 * n
+    generated = tau_synth.generate(settings.synthetic_seed, settings.synthetic_num_users, draw)
+    buckets: dict[str, list[Task]] = {name: [] for name in wanted}
+    seen = set()
+    for task in generated.tasks:
+        name = task.actions[-1].name
+        key = (name, task.actions[1].kwargs.get("order_id"))
+        if name in wanted and (len(wanted) == len(TASK_KINDS) or key not in seen):
+            seen.add(key)
+            buckets[name].append(task)
+    # Round-robin over the kinds, so training and held-out tasks mix them evenly.
+    tasks = [
+        t for group in itertools.zip_longest(*buckets.values()) for t in group if t is not None
+    ]
+    if len(wanted) == len(TASK_KINDS):  # every kind: the generator's own order
+        tasks = [t for t in generated.tasks if t.actions[-1].name in wanted]
+    if len(tasks) < n:
+        raise ValueError(
+            f"only {len(tasks)} distinct synthetic tasks of kinds {kinds}; "
+            "raise synthetic_num_users or lower synthetic_num_tasks"
+        )
+    train, heldout = _split(tasks[:n], settings.num_heldout)
+    label = f"synthetic mini-retail (seed {settings.synthetic_seed}, {'+'.join(kinds)})"
+    return TaskData(generated.domain(), train, heldout, label)
 
 
 def first_person(instruction: str) -> str:

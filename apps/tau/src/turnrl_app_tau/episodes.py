@@ -139,10 +139,25 @@ def pass_hat_k(successes: Sequence[int], trials: int, k: int) -> float:
     return sum(math.comb(c, k) / math.comb(trials, k) for c in successes) / len(successes)
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of ``values`` (sample standard deviation / sqrt(n)); 0 for n < 2."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 async def evaluate(
     episodes: TauEpisodes, tasks: Sequence[Task], trials: int, config: RolloutConfig
 ) -> dict[str, float]:
-    """Every task ``trials`` times: shaped reward, pass^k, turns, tool calls, tokens/s."""
+    """Every task ``trials`` times: task reward, pass^k, shaped reward, turns, tool calls, tokens/s.
+
+    ``reward`` is tau-bench's 0/1 task reward (database hash and required outputs) averaged
+    over every episode, ``reward_stderr`` its standard error over tasks (each task's mean
+    over its trials), ``shaped_reward`` the training reward (task reward plus tool-call
+    bonuses, before the group normalisation).
+    """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     loop = asyncio.get_running_loop()
@@ -160,10 +175,13 @@ async def evaluate(
     failed = [t for t in trajs if t.status == "failed"]
     if failed:
         episodes.last_error = str(failed[0].metadata.get("error", "unknown error"))
+    per_task = [c / trials for c in successes]
     metrics = {
         "failed": len(failed) / n,
-        "reward": sum(s for s, _ in scores) / n,
+        "reward": sum(t for _, t in scores) / n,
+        "reward_stderr": standard_error(per_task),
         "success": sum(t for _, t in scores) / n,
+        "shaped_reward": sum(s for s, _ in scores) / n,
         "num_turns": sum(t.num_turns for t in trajs) / n,
         "tool_calls": sum(t.num_tool_calls for t in trajs) / n,
         "invalid_tool_calls": sum(t.num_invalid_tool_calls for t in trajs) / n,

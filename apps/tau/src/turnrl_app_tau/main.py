@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import json
 import socket
 import sys
 import time
@@ -24,6 +25,7 @@ from typing import Any, cast
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, load_function
+from turnrl.grpo_core.loop.loop import latest_checkpoint
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
@@ -42,6 +44,7 @@ from turnrl_app_tau.report import (
     Scalars,
     console,
     final_table,
+    render_run_curves,
     step_line,
     verdict,
     write_summary,
@@ -130,23 +133,53 @@ def make_run_dir(config: TauAppConfig) -> Path:
     return folder
 
 
+PROGRESS = "progress.json"
+"""Results of finished phases in the run folder (read back by ``--resume``)."""
+
+
+def load_progress(run_dir: Path) -> dict[str, Any]:
+    """What an earlier (interrupted) run of this folder finished: ``{"before": metrics}``."""
+    path = run_dir / PROGRESS
+    if not path.is_file():
+        return {}
+    try:
+        progress = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"--resume: {path} is corrupt ({exc}); delete it to redo the phases"
+        ) from exc
+    return progress if isinstance(progress, dict) else {}
+
+
 async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
     for url in urls:
         async with EngineClient(url) as client:
             await client.reload_weights(folder, weight_version=version)
 
 
-async def run(command: str, config: TauAppConfig) -> dict[str, Any]:
-    """Run ``train`` or ``eval``; returns the summary (also written to summary.json)."""
+async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[str, Any]:
+    """Run ``train`` or ``eval``; returns the summary (also written to summary.json).
+
+    With ``resume``, phases an earlier run of the same folder finished are not redone: the
+    base and SFT models are reused, the evaluation before RL is read from progress.json and
+    GRPO continues from the latest checkpoint (``GRPOLoop.resume``).
+    """
     check_supported(config)
     start = time.perf_counter()
     run_dir = make_run_dir(config)
     config = dataclasses.replace(config, run_dir=str(run_dir))
     config.save(run_dir / "config.json")
+    if not resume and latest_checkpoint(run_dir / "checkpoints") is not None:
+        raise ValueError(
+            f"{run_dir} already holds a run's checkpoints: continue it with --resume, "
+            "or choose another --run-dir"
+        )
+    progress = load_progress(run_dir) if resume else {}
     console.print(
         f"run folder: [bold]{run_dir}[/bold]  preset: {config.preset}  command: {command}"
+        + ("  (resumed)" if resume else "")
     )
-    phases, scalars = Phases(), Scalars(run_dir / "tensorboard")
+    phases, scalars = Phases(), Scalars(run_dir)
     servers: list[EngineServer] = []
     summary: dict[str, Any] = {"command": command, "preset": config.preset, "run_dir": str(run_dir)}
     try:
@@ -157,14 +190,14 @@ async def run(command: str, config: TauAppConfig) -> dict[str, Any]:
                 f"{data.source}: {len(data.train)} train / {len(data.heldout)} held-out tasks"
             )
         with phases("model"):
-            base = build_policy(config, run_dir)
+            base = build_policy(config, run_dir, reuse=resume)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
         engines = asyncio.get_running_loop().run_in_executor(
             None, start_engines, config, base, run_dir
         )
         try:
             with phases("sft"):
-                policy = sft_warm_up(config, base, data, tools, run_dir)
+                policy = sft_warm_up(config, base, data, tools, run_dir, reuse=resume)
         finally:
             with phases("engine start (rest)"):
                 servers = await engines
@@ -173,7 +206,7 @@ async def run(command: str, config: TauAppConfig) -> dict[str, Any]:
             await _reload(urls, policy, "0")
         summary.update(
             await _run_with_router(
-                command, config, data, tools, policy, urls, phases, scalars, run_dir
+                command, config, data, tools, policy, urls, phases, scalars, run_dir, progress
             )
         )
     finally:
@@ -189,6 +222,8 @@ async def run(command: str, config: TauAppConfig) -> dict[str, Any]:
         console.print(f"[bold]{summary['verdict']}[/bold]")
     write_summary(run_dir / "summary.json", summary)
     console.print(f"summary: {run_dir / 'summary.json'}")
+    summary["curves"] = [str(p) for p in render_run_curves(run_dir)]
+    write_summary(run_dir / "summary.json", summary)
     return summary
 
 
@@ -202,6 +237,7 @@ async def _run_with_router(
     phases: Phases,
     scalars: Scalars,
     run_dir: Path,
+    progress: dict[str, Any],
 ) -> dict[str, Any]:
     r = config.rollout
     breaker = 10**9 if r.router_disable_circuit_breaker else 3
@@ -235,7 +271,8 @@ async def _run_with_router(
                 step,
                 {
                     f"val-core/tau/acc/mean@{t.eval_trials}": metrics["success"],
-                    "val-core/tau/reward/mean": metrics["reward"],
+                    "val-core/tau/reward_stderr": metrics["reward_stderr"],
+                    "val-aux/shaped_reward/mean": metrics["shaped_reward"],
                     "val-aux/num_turns/mean": metrics["num_turns"],
                 },
             )
@@ -245,7 +282,13 @@ async def _run_with_router(
         if command == "eval":
             out["eval"] = await held_out("eval", 0)
             return out
-        out["before"] = await held_out("eval before RL", 0)
+        if "before" in progress:
+            console.print("evaluation before RL: from progress.json (resumed run)")
+            out["before"] = progress["before"]
+        else:
+            out["before"] = await held_out("eval before RL", 0)
+            progress["before"] = out["before"]
+            (run_dir / PROGRESS).write_text(json.dumps(progress, indent=2) + "\n")
         with phases("rl"):
             out.update(await _train(config, data, policy, urls, episodes, scalars, run_dir))
         out["after"] = await held_out("eval after RL", out["steps"])
@@ -272,7 +315,6 @@ async def _train(
     )
     reward = load_function(r.custom_rm_path) if r.custom_rm_path else batched_tau_rm
     total = config.loop.num_rollout
-    history: list[dict[str, float]] = []
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         scalars.add(step, metrics)
@@ -290,17 +332,19 @@ async def _train(
         on_metrics=on_metrics,
         checkpoint_dir=str(run_dir / "checkpoints"),
     )
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is not None:  # only a resumed run's folder has checkpoints already
+        done = await loop.resume(checkpoint)
+        console.print(f"resumed GRPO from {checkpoint} ({done}/{total} steps done)")
     columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("steps", total=total)
-        for _ in range(total):
-            history.append(await loop.run_step())
+        bar = progress.add_task("steps", total=total, completed=loop.step)
+        while loop.step < total:
+            await loop.run_step()
             progress.advance(bar)
-    trainer.save_checkpoint(
-        run_dir / "checkpoints" / f"step_{loop.step}",
-        {"epoch": loop.data.epoch, "index": loop.data.index},
-    )
-    return {"steps": loop.step, "train_history": history}
+    if latest_checkpoint(run_dir / "checkpoints") != run_dir / "checkpoints" / f"step_{loop.step}":
+        loop.save_checkpoint()
+    return {"steps": loop.step, "train_history": loop.history}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_signal_handlers()
     try:
         invocation = resolve(argv)
-        asyncio.run(run(invocation.command, invocation.config))
+        asyncio.run(run(invocation.command, invocation.config, invocation.resume))
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,28 +34,24 @@ class Phases:
 
 
 class Scalars:
-    """TensorBoard scalars under the run folder when ``tensorboard`` is installed."""
+    """Scalars of every step: ``metrics.jsonl`` and TensorBoard (grpo-core's ``StepLogger``).
 
-    def __init__(self, folder: Path) -> None:
-        self.writer: Any = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard not installed: console and summary.json only
-            console.print("[yellow]tensorboard not installed: no TensorBoard logs[/yellow]")
-            return
-        self.writer = SummaryWriter(str(folder))
+    Appends when the files exist (a resumed run); TensorBoard is skipped, with a warning,
+    when the ``tensorboard`` package is missing.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        from turnrl.grpo_core.loop.observe import StepLogger
+
+        self.logger = StepLogger(run_dir, console=False)
 
     def add(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
         """Write every metric at ``step``."""
-        if self.writer is None:
-            return
-        for key, value in metrics.items():
-            self.writer.add_scalar(f"{prefix}{key}", float(value), step)
-        self.writer.flush()
+        self.logger(step, {f"{prefix}{key}": value for key, value in metrics.items()})
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        """Flush and close the files."""
+        self.logger.close()
 
 
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
@@ -82,8 +79,9 @@ def final_table(
     table.add_column(after_title, justify="right")
     keys = [
         "reward",
+        "reward_stderr",
         "pass^1",
-        "success",
+        "shaped_reward",
         "num_turns",
         "tool_calls",
         "invalid_tool_calls",
@@ -98,17 +96,37 @@ def final_table(
 
 
 def verdict(before: dict[str, float] | None, after: dict[str, float] | None) -> str:
-    """One honest sentence on the RL delta."""
+    """One honest sentence on the RL delta of the held-out task reward, with its noise."""
     if not before or not after:
         return "No before/after evaluation (no held-out tasks)."
     delta = after["reward"] - before["reward"]
-    p1 = after["pass^1"] - before["pass^1"]
+    noise = math.hypot(before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0))
     trend = "raised" if delta > 0 else "did not raise"
+    if delta > 0:
+        trend += " (beyond 2 standard errors)" if delta > 2 * noise else " (within noise)"
     return (
-        f"RL {trend} the held-out shaped reward: {before['reward']:.3f} -> "
-        f"{after['reward']:.3f} ({delta:+.3f}); pass^1 {before['pass^1']:.3f} -> "
-        f"{after['pass^1']:.3f} ({p1:+.3f})."
+        f"RL {trend} the held-out task reward: {before['reward']:.3f} "
+        f"+- {before.get('reward_stderr', 0.0):.3f} -> {after['reward']:.3f} "
+        f"+- {after.get('reward_stderr', 0.0):.3f} ({delta:+.3f}, combined standard error "
+        f"{noise:.3f}); shaped reward {before.get('shaped_reward', 0.0):.3f} -> "
+        f"{after.get('shaped_reward', 0.0):.3f}."
     )
+
+
+def render_run_curves(run_dir: Path) -> list[Path]:
+    """PNG curves of the run (``run_dir/curves``); a warning and none without matplotlib."""
+    try:
+        from turnrl.grpo_core.report import render_curves
+
+        paths = render_curves(run_dir)
+    except ImportError as exc:
+        console.print(f"[yellow]no PNG curves: {exc}[/yellow]")
+        return []
+    except (FileNotFoundError, ValueError) as exc:  # nothing logged yet
+        console.print(f"[yellow]no PNG curves: {exc}[/yellow]")
+        return []
+    console.print(f"curves: {', '.join(str(p) for p in paths)}")
+    return paths
 
 
 def write_summary(path: Path, data: dict[str, Any]) -> Path:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from turnrl_app_tau.data import TaskData, TaskUser, gold_conversation
 from turnrl_app_tau.report import console
 
 
-def build_policy(config: TauAppConfig, run_dir: Path) -> Path:
-    """The starting model folder.
+def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
+    """The starting model folder (with ``reuse``, the one an earlier run built here).
 
     Raises:
         FileNotFoundError: ``--hf-checkpoint`` is not a local folder with a config.json.
@@ -44,6 +45,10 @@ def build_policy(config: TauAppConfig, run_dir: Path) -> Path:
                 "Face folder is needed; nothing is downloaded)"
             )
         return folder
+    built = run_dir / "model" / "base"
+    if reuse and (built / "config.json").is_file():
+        console.print(f"tiny Qwen3: reusing {built}")
+        return built
     tiny = TinyModelConfig(
         vocab_size=m.tiny_vocab_size,
         hidden_size=m.tiny_hidden_size,
@@ -70,14 +75,31 @@ def _tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+SFT_DONE = "sft.json"
+"""Written into the SFT model folder once it is complete (losses, steps)."""
+
+
 def sft_warm_up(
-    config: TauAppConfig, base: Path, data: TaskData, tools: list[dict[str, Any]], run_dir: Path
+    config: TauAppConfig,
+    base: Path,
+    data: TaskData,
+    tools: list[dict[str, Any]],
+    run_dir: Path,
+    reuse: bool = False,
 ) -> Path:
-    """SFT on the training tasks' gold conversations; returns the exported folder (or ``base``)."""
+    """SFT on the training tasks' gold conversations; returns the exported folder (or ``base``).
+
+    With ``reuse``, a complete SFT model an earlier run of ``run_dir`` exported is returned
+    without training.
+    """
     t = config.tau
     if t.sft_steps <= 0 or not data.train:
         console.print("SFT warm-up skipped")
         return base
+    done = run_dir / "model" / "sft" / SFT_DONE
+    if reuse and done.is_file():
+        console.print(f"SFT: reusing {done.parent} ({done.read_text().strip()})")
+        return done.parent
     tok = _tokenizer(base)
     examples = [
         build_sft_example(
@@ -121,7 +143,10 @@ def sft_warm_up(
             if not console.is_terminal and len(losses) % max(1, t.sft_steps // 10) == 0:
                 console.print(f"SFT step {len(losses)}/{t.sft_steps}  loss {losses[-1]:.3f}")
     console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    return Path(engine.export_hf(run_dir / "model" / "sft"))
+    folder = Path(engine.export_hf(run_dir / "model" / "sft"))
+    record = {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1]}
+    (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
+    return folder
 
 
 def make_trainer(
