@@ -1,0 +1,163 @@
+"""--resume (config, phases reused, refusals), task-kind mixes, the verdict and PNG curves.
+
+No engine here: GRPO's own resume is grpo-core's (``GRPOLoop.resume``); the end-to-end
+resume with a real engine is in ``test_smoke_run.py``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from turnrl_app_tau.cli import resolve
+from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.data import TASK_KINDS, load_tasks_and_domain
+from turnrl_app_tau.episodes import standard_error
+from turnrl_app_tau.main import load_progress, main
+from turnrl_app_tau.report import Scalars, render_run_curves, verdict
+from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
+
+from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
+
+
+def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
+    config = smoke()
+    config.run_dir = str(tmp_path)
+    config.save(tmp_path / "config.json")
+    invocation = resolve(["--resume", "--run-dir", str(tmp_path), "--num-rollout", "5"], {})
+    assert invocation.resume
+    assert invocation.config.preset == "smoke"  # the run's own preset, not cpu-default
+    assert invocation.config.loop.num_rollout == 5
+    assert invocation.config.tau.synthetic_num_tasks == config.tau.synthetic_num_tasks
+    assert not resolve(["--run-dir", str(tmp_path)], {}).resume
+
+
+def test_resume_refuses_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs --run-dir"):
+        resolve(["--resume"], {})
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        resolve(["--resume", "--run-dir", str(tmp_path)], {})
+    with pytest.raises(ValueError, match="drop --preset"):
+        resolve(["--resume", "--smoke", "--run-dir", str(tmp_path)], {})
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        resolve(["--resume", "--run-dir", str(tmp_path)], {})
+    (tmp_path / "progress.json").write_text("{broken")
+    with pytest.raises(ValueError, match="corrupt"):
+        load_progress(tmp_path)
+    (tmp_path / "progress.json").write_text(json.dumps({"before": {"reward": 0.5}}))
+    assert load_progress(tmp_path) == {"before": {"reward": 0.5}}
+
+
+def test_fresh_run_refuses_a_folder_with_checkpoints(tmp_path: Path) -> None:
+    step = tmp_path / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    (step / TRAINER_STATE).write_text("{}")
+    assert main(["--smoke", "--run-dir", str(tmp_path)]) == 2
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
+    config = smoke()
+    base = build_policy(config, tmp_path)
+    assert build_policy(config, tmp_path, reuse=True) == base
+    data = load_tasks_and_domain(config.tau)
+    sft = tmp_path / "model" / "sft"
+    sft.mkdir(parents=True)
+    (sft / SFT_DONE).write_text(json.dumps({"steps": 6, "loss_first": 7.0, "loss_last": 5.0}))
+    # No training happens: the tools argument is never read when the SFT model is reused.
+    assert sft_warm_up(config, base, data, [], tmp_path, reuse=True) == sft
+
+
+def test_task_kinds_mix_is_even_and_held_out_is_new() -> None:
+    settings = TauSettings(
+        domain="synthetic",
+        synthetic_kinds=["status", "cancel"],
+        synthetic_num_users=60,
+        synthetic_num_tasks=40,
+        num_heldout=10,
+    )
+    data = load_tasks_and_domain(settings)
+    names = [t.actions[-1].name for t in data.train + data.heldout]
+    assert set(names) == {TASK_KINDS["status"], TASK_KINDS["cancel"]}
+    assert names.count(TASK_KINDS["status"]) == names.count(TASK_KINDS["cancel"]) == 20
+    held = {t.actions[-1].name for t in data.heldout}
+    assert held == {TASK_KINDS["status"], TASK_KINDS["cancel"]}
+
+    def key(task: Any) -> tuple[str, str]:
+        return task.actions[-1].name, task.actions[1].kwargs["order_id"]
+
+    assert not {key(t) for t in data.heldout} & {key(t) for t in data.train}
+    assert "status+cancel" in data.source
+
+
+def test_task_kinds_bad_input() -> None:
+    with pytest.raises(ValueError, match="synthetic_kinds"):
+        load_tasks_and_domain(TauSettings(domain="synthetic", synthetic_kinds=["refund"]))
+    with pytest.raises(ValueError, match="synthetic_kinds"):
+        load_tasks_and_domain(TauSettings(domain="synthetic", synthetic_kinds=[]))
+    too_many = TauSettings(
+        domain="synthetic",
+        synthetic_kinds=["cancel"],
+        synthetic_num_users=2,
+        synthetic_num_tasks=40,
+        num_heldout=4,
+    )
+    with pytest.raises(ValueError, match="distinct synthetic tasks"):
+        load_tasks_and_domain(too_many)
+    parsed = resolve(["--synthetic-kinds", "status, cancel,"], {}).config
+    assert parsed.tau.synthetic_kinds == ["status", "cancel"]
+
+
+def test_standard_error() -> None:
+    assert standard_error([1.0]) == 0.0
+    assert standard_error([0.0, 1.0, 0.0, 1.0]) == pytest.approx((1 / 3) ** 0.5 / 2)
+
+
+def _metrics(reward: float, stderr: float) -> dict[str, float]:
+    return {"reward": reward, "reward_stderr": stderr, "shaped_reward": reward + 0.2}
+
+
+def test_verdict_weighs_the_delta_against_the_noise() -> None:
+    clear = verdict(_metrics(0.2, 0.05), _metrics(0.6, 0.05))
+    assert clear.startswith("RL raised") and "beyond 2 standard errors" in clear
+    assert "+0.400" in clear
+    noisy = verdict(_metrics(0.2, 0.1), _metrics(0.3, 0.1))
+    assert "within noise" in noisy
+    assert verdict(_metrics(0.5, 0.1), _metrics(0.4, 0.1)).startswith("RL did not raise")
+    assert verdict(None, _metrics(0.4, 0.1)).startswith("No before/after")
+
+
+def test_curves_are_drawn_from_the_logged_scalars(tmp_path: Path) -> None:
+    scalars = Scalars(tmp_path)
+    for step in range(1, 4):
+        scalars.add(step, {"rollout/reward_mean": 0.1 * step, "train/loss": 1.0 / step})
+    scalars.add(3, {"val-core/tau/acc/mean@1": 0.5})
+    scalars.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["rollout/reward_mean"] == pytest.approx(0.1)
+    paths = render_run_curves(tmp_path)
+    assert sorted(p.name for p in paths) == ["rollout.png", "train.png", "val-core.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
+
+
+def test_curves_warn_without_matplotlib_or_scalars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert render_run_curves(tmp_path / "empty") == []
+    scalars = Scalars(tmp_path)
+    scalars.add(1, {"train/loss": 1.0})
+    scalars.close()
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert render_run_curves(tmp_path) == []
+    assert "matplotlib" in capsys.readouterr().out
