@@ -1,0 +1,120 @@
+"""The ReTool app's training engine and its RL stage (GRPO, or DAPO when the config asks).
+
+:func:`run_rl_stage` drives ``turnrl.grpo_core.loop.GRPOLoop`` step by step: collect (one
+round of ``rollout_batch_size`` prompts, or DAPO's dynamic sampling over several rounds,
+:mod:`turnrl_app_retool.dapo`), then learn (advantages, policy update, weights pushed to the
+engines through disk). Rewards are ReTool's, plus DAPO's overlong penalty when
+``rl.overlong_buffer_len > 0``. Each step is logged to the run folder and printed as one
+console line with the number of groups the filter dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from turnrl_app_retool.config import RetoolAppConfig
+from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
+from turnrl_app_retool.data import MathTask
+from turnrl_app_retool.episodes import run_tasks
+from turnrl_app_retool.runlog import RunLogger
+
+
+def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
+    """A TorchEngine with the RL stage's loss settings and learning rate ``lr``."""
+    from turnrl.grpo_core.algos import ActorLossConfig
+    from turnrl.grpo_core.training.torch_engine import (
+        OptimizerConfig,
+        TorchEngine,
+        TorchEngineConfig,
+    )
+
+    rl = config.rl
+    loss = ActorLossConfig(eps_clip=rl.eps_clip, eps_clip_high=rl.eps_clip_high,
+                           dual_clip_c=rl.dual_clip_c, use_kl_loss=rl.use_kl_loss,
+                           kl_loss_coef=rl.kl_loss_coef, entropy_coef=rl.entropy_coef,
+                           loss_agg_mode=rl.loss_agg_mode)  # type: ignore[arg-type]  # fmt: skip
+    return TorchEngine(TorchEngineConfig(
+        model_path=str(model_path), dtype=config.model.dtype,  # type: ignore[arg-type]
+        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0), loss=loss, micro_batch_size=micro,
+        temperature=rl.temperature, seed=config.seed,
+    ))  # fmt: skip
+
+
+def step_line(step: int, metrics: dict[str, float]) -> str:
+    """The console line of one RL step (reward, accuracy, groups filtered, seconds)."""
+    line = (f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
+            f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}")  # fmt: skip
+    if "rollout/dynamic_sampling/kept_groups" in metrics:
+        line += (f", groups kept {metrics['rollout/dynamic_sampling/kept_groups']:.0f} / "
+                 f"filtered {metrics['rollout/dynamic_sampling/filtered_groups']:.0f} "
+                 f"in {metrics['rollout/dynamic_sampling/gen_batches']:.0f} round(s)")  # fmt: skip
+        if metrics.get("rollout/dynamic_sampling/exhausted"):
+            line += " (max rounds reached: short of informative groups)"
+    else:
+        line += (f", groups with equal rewards {metrics['rollout/dynamic_sampling/filtered_groups']:.0f}"
+                 f" of {metrics['rollout/dynamic_sampling/generated_groups']:.0f} (not filtered)")  # fmt: skip
+    return line + f", {metrics.get('perf/step_s', 0.0):.1f}s"
+
+
+async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], router: Any,
+                       settings: Any, train: list[MathTask], run_dir: Path, logger: RunLogger,
+                       console: Console) -> list[dict[str, float]]:  # fmt: skip
+    """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights.
+
+    Returns:
+        Every step's metrics.
+    """
+    from transformers import AutoTokenizer
+
+    from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig
+
+    rl = config.rl
+    loop_config = LoopConfig(num_rollout=rl.num_rollout, rollout_batch_size=rl.rollout_batch_size,
+                             n_samples_per_prompt=rl.n_samples_per_prompt,
+                             global_batch_size=rl.global_batch_size,
+                             advantage_estimator=rl.advantage_estimator, rollout_shuffle=True,
+                             seed=config.seed)  # fmt: skip
+    trainer = make_trainer(policy, config, rl.lr, rl.micro_batch_size)
+    rl_settings = replace(settings, rollout=replace(settings.rollout, sampling=replace(
+        settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p)))  # fmt: skip
+    overlong = overlong_config(rl)
+    rounds = [0]  # every generation round gets fresh group ids (the filter tracks groups by id)
+
+    async def generate(prompts: list[MathTask], n: int) -> list[Any]:
+        rounds[0] += 1
+        return await run_tasks(router, rl_settings, prompts, n, group_prefix=f"train-r{rounds[0]}")
+
+    async def reward(samples: list[Any]) -> list[float]:
+        return shaped_rewards(samples, overlong)  # scored in run_tasks with the answer at hand
+
+    step_stats: dict[str, float] = {}
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("GRPO", total=rl.num_rollout)
+
+        def on_metrics(step: int, metrics: dict[str, float]) -> None:
+            metrics.update(step_stats)  # the same dict lands in the loop's history
+            logger.log(step, metrics, "rl")
+            console.print(step_line(step, metrics))
+            bar.update(task, advance=1, description=(
+                f"GRPO reward {metrics['rollout/reward_mean']:+.2f}"))  # fmt: skip
+
+        loop = GRPOLoop(loop_config, trainer, train, generate, reward,
+                        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
+                        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+                        on_metrics=on_metrics)  # fmt: skip
+        for _ in range(rl.num_rollout):
+            if rl.dynamic_sampling:
+                samples, seconds, stats = await collect_informative(loop, rl)
+            else:
+                samples, seconds = await loop.collect(loop.data.next(rl.rollout_batch_size))
+                stats = group_stats(samples, rl.filter_metric)
+            step_stats.clear()
+            step_stats.update(stats)
+            await loop.learn(samples, seconds)
+    trainer.export_hf(run_dir / "model" / "rl")
+    return loop.history
