@@ -55,3 +55,11 @@ async def test_client_accepts_foreign_sampling(make_engine):
         gen = await client.generate([1, 1], ForeignSampling(), "s")
     assert gen.token_ids == [2, 3, 4, 5]
     assert engine.requests[0]["sampling_params"]["seed"] == 11
+
+
+def test_allowed_token_ids_reach_the_engine_and_are_checked():
+    body = sampling_to_vllm(SamplingParams(max_tokens=2, allowed_token_ids=[100, 101]))
+    assert body["allowed_token_ids"] == [100, 101]
+    assert "allowed_token_ids" not in sampling_to_vllm(SamplingParams())
+    with pytest.raises(ValueError, match="allowed_token_ids must be non-negative integers"):
+        SamplingParams(allowed_token_ids=[3, -1])

@@ -4,7 +4,8 @@
 device (``TURNRL_DEVICE`` forces one), finds or creates the pinned engine environment,
 writes a tiny random Qwen3 model, starts one vLLM engine server on it, and runs
 ``--steps`` GRPO steps with the torch trainer on the device. Task: every response token
-with an even id earns reward (mean = fraction of even ids), learnable from random init.
+with an even id earns reward (mean = fraction of even ids), learnable from random init;
+``--candidates 8`` (the default) samples among ids 100-107 so a few steps show it rising.
 
 Weight sync: :class:`CollectiveWeightSync` (NCCL) when the device is CUDA with at least two
 devices (the engine on device 1, the trainer on device 0 -- NCCL cannot put two ranks on
@@ -103,7 +104,9 @@ def build_loop(
     trainer: TorchEngine, url: str, sync: WeightSync, args: argparse.Namespace
 ) -> GRPOLoop:
     """A GRPO loop whose generate hook samples from the engine at ``url``."""
-    sampling = SamplingParams(temperature=1.0, max_tokens=args.response_len, ignore_eos=True)
+    allowed = list(range(100, 100 + args.candidates)) if args.candidates else []
+    sampling = SamplingParams(temperature=1.0, max_tokens=args.response_len, ignore_eos=True,
+                              allowed_token_ids=allowed)  # fmt: skip
     prompts = [[1 + i, 40 + i, 90 + i, 7] for i in range(args.prompts)]
 
     async def generate(batch: list[list[int]], n: int) -> list[ToySample]:
@@ -159,11 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--response-len", type=int, default=8, help="tokens per response")
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate")
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=8,
+        help="sample among token ids 100..100+N-1 (0: the whole vocabulary)",
+    )
     args = parser.parse_args(argv)
     for flag in ("steps", "prompts", "n", "response_len"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.candidates < 0 or args.candidates == 1:
+        parser.error("--candidates must be 0 (whole vocabulary) or >= 2")
     try:
         report = run(args)
     except Exception as exc:  # reported as JSON, non-zero exit

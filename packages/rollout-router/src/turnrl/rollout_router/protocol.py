@@ -32,6 +32,8 @@ class SamplingParams:
     """Per-request seed, for reproducible sampling."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks and abort tests)."""
+    allowed_token_ids: list[int] = field(default_factory=list)
+    """Sample only among these token ids (empty: the whole vocabulary)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -40,6 +42,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids):
+            raise ValueError("allowed_token_ids must be non-negative integers")
 
 
 def sampling_to_vllm(sampling: Any) -> dict[str, Any]:
@@ -63,6 +67,8 @@ def sampling_to_vllm(sampling: Any) -> dict[str, Any]:
         out["stop_token_ids"] = list(sampling.stop_token_ids)
     if getattr(sampling, "seed", None) is not None:
         out["seed"] = sampling.seed
+    if getattr(sampling, "allowed_token_ids", None):
+        out["allowed_token_ids"] = list(sampling.allowed_token_ids)
     return out
 
 
