@@ -161,3 +161,23 @@ def test_curves_warn_without_matplotlib_or_scalars(
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     assert render_run_curves(tmp_path) == []
     assert "matplotlib" in capsys.readouterr().out
+
+
+def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    traj = SimpleNamespace(
+        messages=[
+            {"role": "user", "content": "Cancel order #W1."},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "get_order_details"}]},
+        ],
+        status="completed",
+        reward=1.0,
+    )
+    scalars = Scalars(tmp_path)
+    scalars.samples(3, [traj])
+    scalars.close()
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["step"] == 3
+    text = json.dumps(rows[0])
+    assert "Cancel order #W1." in text and "get_order_details" in text and "reward=1.0" in text

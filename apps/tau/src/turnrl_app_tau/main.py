@@ -315,16 +315,24 @@ async def _train(
     )
     reward = load_function(r.custom_rm_path) if r.custom_rm_path else batched_tau_rm
     total = config.loop.num_rollout
+    shown: list[Any] = []  # a few episodes of the current step, logged as text
+
+    async def generate_and_keep(prompts: list[Any], n: int) -> list[Any]:
+        samples = await generate(prompts, n)
+        shown[:] = samples[:2]
+        return list(samples)
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         scalars.add(step, metrics)
+        if shown:
+            scalars.samples(step, shown)
         console.print(step_line(step, total, metrics))
 
     loop = GRPOLoop(
         config.loop,
         trainer,
         data.train,
-        generate,
+        generate_and_keep,
         reward,
         weight_sync=DiskWeightSync(urls, run_dir / "weights"),
         pad_id=pad_id,

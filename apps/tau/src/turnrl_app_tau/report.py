@@ -49,9 +49,25 @@ class Scalars:
         """Write every metric at ``step``."""
         self.logger(step, {f"{prefix}{key}": value for key, value in metrics.items()})
 
+    def samples(self, step: int, trajectories: list[Any]) -> None:
+        """Write a few of the step's episodes as TensorBoard text (``rollout/samples``)."""
+        self.logger.log_samples(step, [trajectory_text(t) for t in trajectories])
+
     def close(self) -> None:
         """Flush and close the files."""
         self.logger.close()
+
+
+def trajectory_text(traj: Any) -> str:
+    """One episode as plain text: every message with its role, then status and reward."""
+    lines = []
+    for message in getattr(traj, "messages", []):
+        body = message.get("content") or ""
+        if message.get("tool_calls"):
+            body += f" {json.dumps(message['tool_calls'], default=str)}"
+        lines.append(f"[{message.get('role', '?')}] {body}".rstrip())
+    lines.append(f"status={getattr(traj, 'status', '?')} reward={getattr(traj, 'reward', 0.0)}")
+    return "\n".join(lines)
 
 
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
