@@ -196,8 +196,11 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
             None, start_engines, config, base, run_dir
         )
         try:
-            with phases("sft"):
-                policy = sft_warm_up(config, base, data, tools, run_dir, reuse=resume)
+            if command == "train":
+                with phases("sft"):
+                    policy = sft_warm_up(config, base, data, tools, run_dir, reuse=resume)
+            else:  # eval scores the model as given (--hf-checkpoint, or the tiny base)
+                policy = base
         finally:
             with phases("engine start (rest)"):
                 servers = await engines
