@@ -268,6 +268,9 @@ def test_tail_of_missing_or_empty_log(tmp_path):
 # then either exits normally or waits to be signalled.
 PARENT = """
 import signal, sys, time
+# Answer Ctrl-C as in a terminal even when the test runner was started with SIGINT ignored
+# (a background job of a shell without job control inherits SIG_IGN).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from turnrl.npu_runtime.supervise import start_process
 mode, log = sys.argv[1], sys.argv[2]
 if mode == "chain":
