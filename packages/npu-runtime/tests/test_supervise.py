@@ -371,3 +371,23 @@ def test_previous_sigterm_handler_is_chained(tmp_path, gone):
     assert code == 7
     assert "previous handler ran" in out
     assert gone(child)
+
+
+def test_kill_is_sigkill_with_no_sigterm_first(tmp_path, gone):
+    # A child whose SIGTERM handler leaves a mark: kill() must never give it that chance.
+    mark, ready = tmp_path / "got-sigterm", tmp_path / "ready"
+    script = (
+        "import pathlib, signal, time; "
+        f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(mark)!r}).touch()); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+    )
+    proc = start_process([sys.executable, "-c", script], name="crash", log_path=tmp_path / "c.log")
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists()
+    assert proc.kill() == -signal.SIGKILL
+    assert gone(proc.pid, timeout=0) and not proc.alive
+    time.sleep(0.2)
+    assert not mark.exists()
+    assert proc.kill() == -signal.SIGKILL and proc.stop() == -signal.SIGKILL  # idempotent

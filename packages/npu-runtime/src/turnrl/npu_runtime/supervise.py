@@ -341,6 +341,24 @@ class ManagedProcess:
                     _unregister(self)
             return self._popen.poll()
 
+    def kill(self) -> int | None:
+        """SIGKILL the whole group at once, with no SIGTERM first: what a crash looks like.
+
+        Returns:
+            The child's exit code (``-9`` when the signal ended it), or None if it could
+            not be reaped.
+        """
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                try:
+                    if self._popen.poll() is None or _group_alive(self.pid):
+                        _signal_group(self.pid, signal.SIGKILL)
+                        self._wait_gone(_KILL_WAIT_S)
+                finally:
+                    _unregister(self)
+            return self._popen.poll()
+
     def _terminate_group(self, grace: float) -> None:
         pgid = self.pid  # start_new_session=True: the child leads its own group
         if self._popen.poll() is None or _group_alive(pgid):

@@ -218,8 +218,11 @@ class EngineServer:
         return self.process.stop(grace=grace)
 
     def kill(self) -> int | None:
-        """Stop immediately (no grace): what a crashed engine looks like to clients."""
-        return self.stop(grace=0.0)
+        """SIGKILL the engine's process group (no SIGTERM, so no graceful abort of its
+        requests): what a crashed engine looks like to clients."""
+        if self.process is None:
+            return None
+        return self.process.kill()
 
     def __enter__(self) -> EngineServer:
         return self.start()
