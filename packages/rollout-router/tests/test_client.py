@@ -64,7 +64,7 @@ async def test_stream_closed_after_our_abort_is_an_abort_not_a_failure(make_engi
     assert 0 < len(gen.token_ids) < 10_000
 
 
-@pytest.mark.parametrize("label", ["abort", "length"])
+@pytest.mark.parametrize("label", ["abort", "length", "stop"])
 async def test_aborted_stream_is_an_abort_whatever_the_engine_labels_it(make_engine, label):
     engine = await make_engine(token_delay=0.01, abort_reason=label)
     async with EngineClient(engine.url) as client:

@@ -190,7 +190,7 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
             async with http.post(url + "/abort_requests", json={"session_id": "long"}) as resp:
                 # 200 (not 504): the engine-side id (cmpl-<id>-0) was right, so it drained.
                 assert resp.status == 200 and await resp.json() == {"aborted": 1}
-            assert time.monotonic() - start < 5.0
+            assert time.monotonic() - start < 15.0  # bounded, even on a loaded machine
             body = await task  # ended early: far fewer chunks than the 30k tokens asked for
             assert 0 < body.count("data:") < 30_000
     finally:

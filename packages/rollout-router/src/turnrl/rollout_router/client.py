@@ -202,11 +202,13 @@ class EngineClient:
             limit = getattr(sampling, "max_tokens", None)
             if (
                 flight.aborted
-                and out.finish_reason == "length"
+                and out.finish_reason != "abort"
+                and out.stop_reason is None
                 and (limit is None or len(out.token_ids) < limit)
             ):
-                # The engine may label a request it cut short on our abort "length";
-                # fewer tokens than asked for means the abort, not the limit, ended it.
+                # We asked for the abort, the limit was not reached and no stop string or
+                # token matched: the abort ended it, whatever label the engine's last chunk
+                # carried ("length" was seen from vLLM; EOS at that instant is moot).
                 out.finish_reason = "abort"
             return out
         except asyncio.CancelledError:
