@@ -15,7 +15,7 @@ import math
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +24,13 @@ import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import AsyncGRPOLoop, LoopConfig
+from turnrl.grpo_core.loop.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 
 RESPONSE_LEN = 4
 CANDIDATES = torch.arange(100, 108)
 PROMPTS = [[1 + i, 40 + i, 90 + i] for i in range(8)]
-
-
-@dataclass
-class ToySample:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
-    group_id: str | None
-    reward: float = 0.0
-    num_turns: int = 1
-    status: str = "completed"
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

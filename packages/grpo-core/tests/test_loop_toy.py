@@ -10,7 +10,6 @@ candidates after four seeded steps must rise by at least 0.15 (from about 0.5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +18,13 @@ import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
+from turnrl.grpo_core.loop.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 
 RESPONSE_LEN = 4
 STEPS = 4
 CANDIDATES = torch.arange(100, 108)
-
-
-@dataclass
-class ToySample:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
-    group_id: str | None
-    reward: float = 0.0
-    num_turns: int = 1
-    status: str = "completed"
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class TorchSampler:

@@ -23,12 +23,12 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig, WeightSync
 from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
+from turnrl.grpo_core.loop.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.npu_runtime.device import DeviceType, detect_device, device_count
@@ -46,21 +46,6 @@ STEP_KEYS = {
     "sync_bytes": "perf/sync_bytes", "sync_buckets": "perf/sync_buckets",
     "reward": "rollout/reward_mean", "loss": "train/loss",
 }  # fmt: skip
-
-
-@dataclass
-class ToySample:
-    """One episode of the even-token task, with the fields the loop reads."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
-    group_id: str | None
-    reward: float = 0.0
-    num_turns: int = 1
-    status: str = "completed"
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def even_reward(sample: ToySample) -> float:
