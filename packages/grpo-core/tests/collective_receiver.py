@@ -4,12 +4,12 @@ vLLM's NCCL weight-transfer engine cannot run without a GPU, so this process ser
 same HTTP routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
 ``/update_weights``, ``/finish_weight_update``, ``/update_weight_version``,
 ``/weight_info``, ``/pause``, ``/resume``, ``/shutdown_weight_transfer_engine``) with the
-same JSON bodies, joins the trainer's group as rank ``rank_offset`` with gloo over the
-trainer's TCPStore, and receives each bucket as one packed uint8 broadcast, cut by the
-names / dtypes / shapes of the ``/update_weights`` call. Test-only routes:
-``GET /received`` (calls counted), ``POST /dump`` (save the received tensors) and
-``POST /mode`` (reset, and set ``reject_init`` / ``stale_version`` / ``reject_update`` to
-simulate failures).
+same JSON bodies, plus ``GET /get_world_size``, joins the trainer's group as rank
+``rank_offset`` with gloo over the trainer's TCPStore, and receives each bucket as one
+packed uint8 broadcast, cut by the names / dtypes / shapes of the ``/update_weights``
+call. Test-only routes: ``GET /received`` (calls counted, the init and update bodies),
+``POST /dump`` (save the received tensors) and ``POST /mode`` (reset, and set the
+:class:`Receiver` flags to simulate failures or other engines).
 
 Usage: ``python collective_receiver.py PORT``; prints ``ready <port>`` once listening
 (PORT 0 picks one).
@@ -34,13 +34,23 @@ class Receiver:
     """The engine-side state: group, received weights, version, call counts."""
 
     def __init__(self, reject_init: bool = False, stale_version: bool = False,
-                 reject_update: bool = False) -> None:  # fmt: skip
+                 reject_update: bool = False, world_size: int = 1, no_transfer_api: bool = False,
+                 record_only: bool = False) -> None:  # fmt: skip
         self.reject_init = reject_init
         """Answer 400 to ``/init_weight_transfer_engine``."""
         self.stale_version = stale_version
         """Never record a new weight version."""
         self.reject_update = reject_update
         """Answer 400 to ``/update_weights`` without joining the broadcast."""
+        self.world_size = world_size
+        """What ``GET /get_world_size`` reports (this stand-in always joins as one rank)."""
+        self.no_transfer_api = no_transfer_api
+        """Answer 404 to the weight-transfer routes, as a vLLM without the RL API does."""
+        self.record_only = record_only
+        """Record init / update bodies without joining any collective (another backend's
+        transport is faked in the trainer process)."""
+        self.inits: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
         self.group: Any = None
         self.weights: dict[str, torch.Tensor] = {}
         self.version: str | None = None
@@ -50,6 +60,9 @@ class Receiver:
     def init(self, info: dict[str, Any]) -> None:
         if self.reject_init:
             raise ValueError("this engine rejects weight-transfer init (test)")
+        self.inits.append(info)
+        if self.record_only:
+            return
         timeout = datetime.timedelta(seconds=60)
         store = dist.TCPStore(info["master_address"], info["master_port"], info["world_size"],
                               is_master=False, timeout=timeout)  # fmt: skip
@@ -62,6 +75,9 @@ class Receiver:
     def update(self, info: dict[str, Any]) -> None:
         if self.reject_update:
             raise ValueError("this engine rejects update_weights (test)")
+        self.updates.append(info)
+        if self.record_only:
+            return
         dtypes = [getattr(torch, d) for d in info["dtype_names"]]
         sizes = [math.prod(s) * d.itemsize for s, d in zip(info["shapes"], dtypes, strict=True)]
         packed = torch.empty(sum(sizes), dtype=torch.uint8)
@@ -69,6 +85,10 @@ class Receiver:
         for name, shape, dtype, part in zip(info["names"], info["shapes"], dtypes,
                                             packed.split(sizes), strict=True):  # fmt: skip
             self.weights[name] = part.clone().view(dtype).view(shape)
+
+
+TRANSFER_ROUTES = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                   "/finish_weight_update", "/shutdown_weight_transfer_engine")  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -87,10 +107,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         r = self.receiver
-        if self.path == "/weight_info":
+        route = self.path.split("?")[0]
+        with r.lock:
+            r.calls[route] = r.calls.get(route, 0) + 1
+        if route == "/get_world_size" and not r.no_transfer_api:
+            self._reply(200, {"world_size": r.world_size})
+        elif self.path == "/weight_info":
             self._reply(200, {"weight_version": r.version})
         elif self.path == "/received":
-            self._reply(200, {"calls": r.calls, "names": sorted(r.weights)})
+            self._reply(200, {"calls": r.calls, "names": sorted(r.weights), "inits": r.inits,
+                              "updates": r.updates})  # fmt: skip
         elif self.path == "/health":
             self._reply(200, {})
         else:
@@ -103,6 +129,9 @@ class Handler(BaseHTTPRequestHandler):
         route = self.path.split("?")[0]
         with r.lock:
             r.calls[route] = r.calls.get(route, 0) + 1
+        if r.no_transfer_api and route in TRANSFER_ROUTES:
+            self._reply(404, {"detail": "Not Found"})
+            return
         try:
             if route == "/init_weight_transfer_engine":
                 r.init(body["init_info"])
@@ -115,15 +144,14 @@ class Handler(BaseHTTPRequestHandler):
                 if not r.stale_version:
                     r.version = body["new_version"]
             elif route == "/mode":
-                Handler.receiver = Receiver(body["reject_init"], body["stale_version"],
-                                            body.get("reject_update", False))  # fmt: skip
+                Handler.receiver = Receiver(**body)
             elif route == "/dump":
                 save_file(r.weights, body["path"])
             elif route not in ("/start_weight_update", "/pause", "/resume",
                                "/shutdown_weight_transfer_engine"):  # fmt: skip
                 self._reply(404, {"error": route})
                 return
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             self._reply(400, {"error": str(exc)})
             return
         self._reply(200, {"message": "ok"})

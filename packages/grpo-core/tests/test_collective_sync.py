@@ -55,15 +55,16 @@ def receivers() -> Iterator[list[str]]:
         assert all(p.poll() is not None for p in procs)
 
 
-def engines(urls: list[str], *, reject_init: tuple[bool, bool] = (False, False),
-            stale_version: tuple[bool, bool] = (False, False),
-            reject_update: tuple[bool, bool] = (False, False)) -> list[str]:  # fmt: skip
-    """Reset both receivers, set their failure modes; return the URLs."""
+def engines(urls: list[str], **modes: tuple[object, object]) -> list[str]:
+    """Reset both receivers and set their modes (one value per receiver); return the URLs.
+
+    Modes are ``collective_receiver.Receiver``'s flags: ``reject_init``, ``stale_version``,
+    ``reject_update``, ``world_size``, ``no_transfer_api``, ``record_only``.
+    """
 
     async def reset() -> None:
-        modes = zip(urls, reject_init, stale_version, reject_update, strict=True)
-        for url, reject, stale, bad_update in modes:
-            body = {"reject_init": reject, "stale_version": stale, "reject_update": bad_update}
+        for index, url in enumerate(urls):
+            body = {name: values[index] for name, values in modes.items()}
             async with EngineClient(url) as client:
                 await client._call("POST", "/mode", body)
 
@@ -205,7 +206,10 @@ def test_non_zero_rank_only_gathers_and_never_calls_engines(trainer: TorchEngine
     ("kw", "match"),
     [
         ({"engine_urls": []}, "at least one engine url"),
-        ({"backend": "hccl"}, "backend must be one of"),
+        ({"backend": "mpi"}, "backend must be one of"),
+        ({"backend": "hccl", "device": "cuda:0"}, "backend hccl sends from npu devices"),
+        ({"backend": "nccl", "device": "npu:0"}, "backend nccl sends from cuda devices"),
+        ({"backend": "gloo", "device": "cuda:0"}, "backend gloo sends from cpu devices"),
         ({"bucket_mb": 0}, "bucket_mb must be > 0"),
         ({"pause_mode": "stop"}, "pause_mode must be"),
         ({"workers_per_engine": [1, 2]}, "workers_per_engine"),
@@ -239,6 +243,50 @@ def test_transfer_groups_reject_bad_arguments() -> None:
         NcclUniqueIdTransferGroup(2, "cpu")
     with pytest.raises(RuntimeError, match="TURNRL_NCCL_LIBRARY"):
         load_nccl("/nonexistent/libnccl.so.2")
+
+
+def test_engine_with_other_world_size_fails_before_any_init(
+    trainer: TorchEngine, receivers: list[str]
+) -> None:
+    """A worker count that disagrees with the engine would hang the rendezvous: fail first."""
+    urls = engines(receivers, world_size=(1, 2))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(WeightSyncError, match=rf"{urls[1]} runs 2 workers .* gives it 1"):
+        asyncio.run(sync.sync(trainer, 1))
+    assert sync.group is None and sync.versions == []
+    for url in urls:
+        calls = asyncio.run(received(url))["calls"]
+        assert isinstance(calls, dict)
+        assert calls["/get_world_size"] == 1 and "/init_weight_transfer_engine" not in calls
+
+
+def test_engine_without_transfer_api_raises_with_the_flags_to_start_it(
+    trainer: TorchEngine, receivers: list[str]
+) -> None:
+    urls = engines(receivers, no_transfer_api=(False, True))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(WeightSyncError, match=rf"{urls[1]} has no weight-transfer API "
+                       r"\(GET /get_world_size -> HTTP 404\)"):  # fmt: skip
+        asyncio.run(sync.sync(trainer, 1))
+    unchecked = CollectiveWeightSync(config(urls, check_world_size=False))
+    with pytest.raises(WeightSyncError, match=r"POST /init_weight_transfer_engine -> HTTP 404"):
+        asyncio.run(unchecked.sync(trainer, 1))
+    assert sync.group is None and unchecked.group is None
+
+
+def test_hccl_without_torch_npu_fails_with_a_clear_error(
+    trainer: TorchEngine, receivers: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Ascend stack here: the HCCL group must say what is missing, not crash later."""
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu -> ImportError
+    urls = engines(receivers)
+    sync = CollectiveWeightSync(CollectiveSyncConfig(engine_urls=urls, backend="hccl"))
+    with pytest.raises(WeightSyncError, match=r"hccl transfer group: .*needs torch_npu"):
+        asyncio.run(sync.sync(trainer, 1))
+    assert sync.group is None
+    for url in urls:  # the engines were checked, but nobody was asked to join
+        calls = asyncio.run(received(url))["calls"]
+        assert isinstance(calls, dict) and "/init_weight_transfer_engine" not in calls
 
 
 def test_rank_offsets_follow_workers_per_engine() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.grpo_core import smoke
 from turnrl.grpo_core.loop import DiskWeightSync
 from turnrl.grpo_core.smoke import ToySample, engine_spec, even_reward, main, make_sync
 from turnrl.npu_runtime.device import DeviceType
@@ -21,10 +22,20 @@ def test_even_reward_is_fraction_of_even_ids() -> None:
     assert even_reward(sample([])) == 0.0
 
 
-def test_cpu_and_npu_use_disk_sync(tmp_path: Path) -> None:
-    for kind in (DeviceType.CPU, DeviceType.NPU):
-        sync, name = make_sync(kind, "http://127.0.0.1:1", tmp_path)
-        assert isinstance(sync, DiskWeightSync) and name == "disk"
+def test_cpu_uses_disk_sync(tmp_path: Path) -> None:
+    sync, name = make_sync(DeviceType.CPU, "http://127.0.0.1:1", tmp_path)
+    assert isinstance(sync, DiskWeightSync) and name == "disk"
+
+
+@pytest.mark.parametrize(("cards", "expected"), [(1, "disk"), (2, "collective-hccl")])
+def test_npu_sync_choice_mocked_npu_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cards: int, expected: str
+) -> None:
+    """Mocked NPU boundary: the card count is faked (no torch_npu here)."""
+    monkeypatch.setattr(smoke, "device_count", lambda kind: cards)
+    sync, name = make_sync(DeviceType.NPU, "http://127.0.0.1:1", tmp_path)
+    assert name == expected
+    assert isinstance(sync, DiskWeightSync) == (cards == 1)
 
 
 def test_engine_spec_for_collective_pins_engine_to_device_one(tmp_path: Path) -> None:
@@ -32,6 +43,9 @@ def test_engine_spec_for_collective_pins_engine_to_device_one(tmp_path: Path) ->
     assert spec.device == "gpu" and spec.port == 1234
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert spec.extra_args == ["--weight-transfer-config", '{"backend": "nccl"}']
+    npu = engine_spec(DeviceType.NPU, tmp_path, tmp_path / "py", "collective-hccl", 1234)
+    assert npu.device == "npu" and npu.env["ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    assert npu.extra_args == ["--weight-transfer-config", '{"backend": "hccl"}']
     cpu = engine_spec(DeviceType.CPU, tmp_path, tmp_path / "py", "disk", 1234)
     assert cpu.dtype == "float32" and not cpu.extra_args
 

@@ -7,10 +7,10 @@ writes a tiny random Qwen3 model, starts one vLLM engine server on it, and runs
 with an even id earns reward (mean = fraction of even ids), learnable from random init;
 ``--candidates 8`` (the default) samples among ids 100-107 so a few steps show it rising.
 
-Weight sync: :class:`CollectiveWeightSync` (NCCL) when the device is CUDA with at least two
-devices (the engine on device 1, the trainer on device 0 -- NCCL cannot put two ranks on
-one device); otherwise :class:`DiskWeightSync` (the CPU path, and on Ascend, where no HCCL
-transfer engine is wired yet). Prints one JSON object with the device, the sync kind and
+Weight sync: :class:`CollectiveWeightSync` when the device has at least two cards -- NCCL on
+CUDA, HCCL (vllm-ascend's transfer engine) on Ascend -- with the engine on card 1 and the
+trainer on card 0 (neither collective puts two ranks on one card); otherwise
+:class:`DiskWeightSync` (the CPU path, and any single-card machine). Prints one JSON object with the device, the sync kind and
 every step's numbers; exits 1 if any step fails or a number is not finite.
 """
 
@@ -39,6 +39,12 @@ from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 
 ENGINE_DEVICE = {DeviceType.CPU: "cpu", DeviceType.CUDA: "gpu", DeviceType.NPU: "npu"}
+COLLECTIVE = {DeviceType.CUDA: ("nccl", "cuda:0"), DeviceType.NPU: ("hccl", "npu:0")}
+"""Collective weight-transfer backend and trainer card of each device with two cards or more."""
+VISIBLE_DEVICES = {
+    DeviceType.CUDA: "CUDA_VISIBLE_DEVICES",
+    DeviceType.NPU: "ASCEND_RT_VISIBLE_DEVICES",
+}
 STEP_KEYS = {
     "step_s": "perf/step_s", "rollout_s": "perf/rollout_s", "train_s": "perf/train_s",
     "sync_s": "perf/sync_s", "sync_total_s": "perf/sync_total_s",
@@ -55,11 +61,12 @@ def even_reward(sample: ToySample) -> float:
 
 def make_sync(kind: DeviceType, url: str, root: Path) -> tuple[WeightSync, str]:
     """The weight sync for ``kind`` and a word saying which one it is."""
-    if kind is DeviceType.CUDA and device_count(kind) >= 2:
+    if kind in COLLECTIVE and device_count(kind) >= 2:
+        backend, device = COLLECTIVE[kind]
         cfg = CollectiveSyncConfig(
-            engine_urls=[url], backend="nccl", device="cuda:0", dtype="bfloat16"
+            engine_urls=[url], backend=backend, device=device, dtype="bfloat16"
         )
-        return CollectiveWeightSync(cfg), "collective-nccl"
+        return CollectiveWeightSync(cfg), f"collective-{backend}"
     return DiskWeightSync([url], root), "disk"
 
 
@@ -70,9 +77,10 @@ def engine_spec(
     spec = EngineSpec(model=str(model), device=ENGINE_DEVICE[kind], port=port,
                       python=str(python), max_model_len=256, gpu_memory_utilization=0.3,
                       dtype="float32" if kind is DeviceType.CPU else "bfloat16")  # fmt: skip
-    if sync_kind == "collective-nccl":
-        spec.env["CUDA_VISIBLE_DEVICES"] = "1"
-        spec.extra_args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if sync_kind.startswith("collective-"):
+        backend = sync_kind.removeprefix("collective-")
+        spec.env[VISIBLE_DEVICES[kind]] = "1"
+        spec.extra_args += ["--weight-transfer-config", json.dumps({"backend": backend})]
     return spec
 
 

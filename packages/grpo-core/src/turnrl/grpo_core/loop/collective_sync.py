@@ -1,4 +1,15 @@
-"""Weight sync over a collective (NCCL on GPU) through vLLM's weight-transfer API.
+"""Weight sync over a collective (NCCL on GPU, HCCL on NPU) through vLLM's weight-transfer API.
+
+Backends (:data:`BACKENDS`) differ only in the trainer's transfer group and in the
+``--weight-transfer-config`` backend the engines must run (:meth:`CollectiveSyncConfig.engine_args`):
+
+- ``nccl`` -- vLLM's NCCL engine, joined by ``nccl_unique_id_b64`` (GPU);
+- ``hccl`` -- vllm-ascend's HCCL engine, joined through vLLM's ``StatelessProcessGroup``
+  TCP rendezvous with vllm-ascend's ``PyHcclCommunicator`` (Ascend NPU);
+- ``gloo`` -- a torch gloo group on CPU, for receivers that join with torch (the tests).
+
+Before the first group is made, each engine's ``GET /get_world_size`` must equal its
+``workers_per_engine`` (a wrong count would hang the rendezvous instead of failing).
 
 Setup (first sync): trainer rank 0 opens a :mod:`transfer group
 <turnrl.grpo_core.loop.transfer_group>` with every worker of every engine: it POSTs
@@ -22,6 +33,7 @@ talks to engines and broadcasts.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -32,15 +44,16 @@ import torch
 import torch.distributed as dist
 
 from turnrl.grpo_core.loop.transfer_group import (
+    HcclTransferGroup,
     NcclUniqueIdTransferGroup,
     TorchTransferGroup,
     TransferGroup,
 )
 from turnrl.grpo_core.loop.weight_sync import WeightSyncError
 from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.protocol import EngineError, EngineRequestError
 
 T = TypeVar("T")
-BACKENDS = ("nccl", "gloo")
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
@@ -50,6 +63,7 @@ class CollectiveSyncConfig:
 
     backend: str = "nccl"
     """``nccl``: vLLM's NCCL weight-transfer engine (GPU, unique-id rendezvous);
+    ``hccl``: vllm-ascend's HCCL weight-transfer engine (NPU, TCP-store rendezvous);
     ``gloo``: a torch.distributed gloo group (CPU; receivers that join with torch)."""
     workers_per_engine: int | Sequence[int] = 1
     """Workers (TP x PP x DP ranks) of each engine: one number for all, or one per engine."""
@@ -60,25 +74,30 @@ class CollectiveSyncConfig:
     pause_mode: str | None = None
     """``abort`` / ``wait`` / ``keep`` to pause generation during the update; None: no pause."""
     master_address: str = "127.0.0.1"
-    """Address engines reach the trainer on (gloo rendezvous); set it across hosts."""
+    """Address engines reach the trainer's store on (gloo, hccl); set it across hosts."""
     master_port: int = 0
-    """Rendezvous port for gloo; 0 picks a free one."""
+    """Port of that store (gloo, hccl); 0 picks a free one."""
     init_timeout_s: float = 300.0
-    """Seconds for the rendezvous and for each collective (gloo)."""
+    """Seconds for the rendezvous (gloo, hccl) and for each gloo collective."""
     request_timeout_s: float = 600.0
     """Seconds for each HTTP call to an engine."""
-    device: str = "cpu"
-    """Device the broadcast tensors live on (``cuda:<i>`` for nccl)."""
+    device: str | None = None
+    """Device the broadcast tensors live on: ``cuda:<i>`` (nccl), ``npu:<i>`` (hccl),
+    ``cpu`` (gloo); None: the backend's device type, current index."""
     engine_urls: list[str] = field(default_factory=list)
     """Base URLs of the engines to update."""
+    check_world_size: bool = True
+    """Compare each engine's ``GET /get_world_size`` with ``workers_per_engine`` first."""
 
     def __post_init__(self) -> None:
         if not self.engine_urls:
             raise ValueError("CollectiveSyncConfig needs at least one engine url")
         if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
+        want = BACKENDS[self.backend].device_type
+        if self.device is not None and self.device.split(":")[0] != want:
             raise ValueError(
-                f"backend must be one of {BACKENDS}, got {self.backend!r} (no HCCL transfer "
-                "engine is wired yet: use DiskWeightSync on Ascend)"
+                f"backend {self.backend} sends from {want} devices, got device {self.device!r}"
             )
         if self.bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
@@ -101,10 +120,49 @@ class CollectiveSyncConfig:
             return [self.workers_per_engine] * len(self.engine_urls)
         return list(self.workers_per_engine)
 
+    def engine_args(self) -> list[str]:
+        """vLLM server flags the engines need for this backend (none for gloo receivers)."""
+        name = BACKENDS[self.backend].engine_backend
+        return [] if name is None else ["--weight-transfer-config", json.dumps({"backend": name})]
+
     @property
     def bucket_bytes(self) -> int:
         """``bucket_mb`` in bytes."""
         return max(1, int(self.bucket_mb * 2**20))
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One collective backend: the trainer's group and what the engines must run."""
+
+    engine_backend: str | None
+    """``backend`` of the engines' ``--weight-transfer-config``; None: a torch receiver."""
+    device_type: str
+    """Device type of the broadcast tensors."""
+    open_group: Callable[[CollectiveSyncConfig, int], TransferGroup]
+    """``(config, world size) -> the trainer's group`` (rank 0)."""
+
+
+def _nccl_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
+    return NcclUniqueIdTransferGroup(world, cfg.device or "cuda")
+
+
+def _hccl_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
+    return HcclTransferGroup(world, cfg.master_address, cfg.master_port, cfg.init_timeout_s,
+                             cfg.device)  # fmt: skip
+
+
+def _gloo_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
+    return TorchTransferGroup("gloo", world, cfg.master_address, cfg.master_port,
+                              cfg.init_timeout_s, cfg.device or "cpu")  # fmt: skip
+
+
+BACKENDS: dict[str, Backend] = {
+    "nccl": Backend("nccl", "cuda", _nccl_group),
+    "hccl": Backend("hccl", "npu", _hccl_group),
+    "gloo": Backend(None, "cpu", _gloo_group),
+}
+"""The collective backends by ``CollectiveSyncConfig.backend``."""
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[int]:
@@ -218,11 +276,44 @@ class CollectiveWeightSync:
 
     def _open_group(self) -> TransferGroup:
         world = 1 + sum(self.config.engine_workers())
-        if self.config.backend == "nccl":
-            return NcclUniqueIdTransferGroup(world, self.config.device)
-        return TorchTransferGroup("gloo", world, self.config.master_address,
-                                  self.config.master_port, self.config.init_timeout_s,
-                                  self.config.device)  # fmt: skip
+        return BACKENDS[self.config.backend].open_group(self.config, world)
+
+    def _no_api(self, client: EngineClient, route: str) -> WeightSyncError:
+        flags = " ".join(self.config.engine_args()) or "vLLM's RL routes"
+        return WeightSyncError(
+            f"engine {client.url} has no weight-transfer API ({route} -> HTTP 404): start it "
+            f"with {flags} and VLLM_SERVER_DEV_MODE=1"
+        )
+
+    async def _check_world_sizes(self) -> None:
+        """Each engine's workers (``GET /get_world_size``, TP x PP x DP) must match the config."""
+
+        async def one(client: EngineClient, want: int) -> None:
+            try:
+                reply = await client._call("GET", "/get_world_size?include_dp=true")
+            except EngineRequestError as exc:
+                if exc.status == 404:
+                    raise self._no_api(client, "GET /get_world_size") from exc
+                raise WeightSyncError(f"engine {client.url}: get_world_size failed: {exc}") from exc
+            except EngineError as exc:
+                raise WeightSyncError(f"engine {client.url}: get_world_size failed: {exc}") from exc
+            got = reply.get("world_size") if isinstance(reply, dict) else None
+            if got != want:
+                raise WeightSyncError(
+                    f"engine {client.url} runs {got} workers (TP x PP x DP) but "
+                    f"workers_per_engine gives it {want}: the group's world size would be wrong"
+                )
+
+        workers = self.config.engine_workers()
+        await asyncio.gather(*(one(c, w) for c, w in zip(self._clients, workers, strict=True)))
+
+    async def _init_engine(self, client: EngineClient, info: dict[str, Any]) -> None:
+        try:
+            await client.init_weight_transfer(info)
+        except EngineRequestError as exc:
+            if exc.status == 404:
+                raise self._no_api(client, "POST /init_weight_transfer_engine") from exc
+            raise
 
     async def setup(self, packed_num_buffers: int = 1) -> None:
         """Create the transfer group with every engine (rank 0 only; a no-op elsewhere).
@@ -239,15 +330,20 @@ class CollectiveWeightSync:
             finally:
                 await self._disconnect()
             return
-        group = self._open_group()
+        if self.config.check_world_size:
+            await self._check_world_sizes()
+        try:
+            group = self._open_group()
+        except (RuntimeError, ValueError) as exc:
+            raise WeightSyncError(f"{self.config.backend} transfer group: {exc}") from exc
         base = group.init_info()
         offsets, offset = [], 1
         for workers in self.config.engine_workers():
             offsets.append(offset)
             offset += workers
-        inits = [client.init_weight_transfer({**base, "rank_offset": off, "packed": True,
-                                              "packed_buffer_size_bytes": self.config.bucket_bytes,
-                                              "packed_num_buffers": packed_num_buffers})
+        inits = [self._init_engine(client, {**base, "rank_offset": off, "packed": True,
+                                            "packed_buffer_size_bytes": self.config.bucket_bytes,
+                                            "packed_num_buffers": packed_num_buffers})
                  for client, off in zip(self._clients, offsets, strict=True)]  # fmt: skip
         try:
             await _with_collective(inits, group.join, "init_weight_transfer_engine")
@@ -345,7 +441,7 @@ class CollectiveWeightSync:
                 "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket]}  # fmt: skip
         packed = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in bucket])
-        packed = packed.to(group.device)
+        packed = group.stage(packed)
         start = time.perf_counter()
         calls = [client.update_weights(info) for client in self._clients]
         try:

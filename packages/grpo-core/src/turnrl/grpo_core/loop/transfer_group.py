@@ -21,6 +21,13 @@ Two implementations:
   offers to trainers that do not import vLLM (vLLM's own TCP rendezvous pickles vLLM
   classes). It mirrors vLLM's handshake: ``ncclCommInitRank`` then a one-element float32
   ``all_reduce``. It needs a GPU and is not exercised by the CPU test suite.
+- :class:`HcclTransferGroup` -- rank 0 of vllm-ascend's ``hccl`` weight-transfer group
+  (Ascend NPU). vllm-ascend's ``HCCLWeightTransferEngine`` joins with vLLM's
+  ``StatelessProcessGroup`` (a ``TCPStore`` on ``master_address:master_port`` that the
+  trainer hosts as rank 0) and a ``PyHcclCommunicator`` on top, whose HCCL unique id
+  travels through that store as a pickled vllm-ascend object. The trainer therefore
+  builds the same pair from the installed ``vllm`` / ``vllm_ascend`` (as vime's and
+  vllm-ascend's own trainer helpers do); it needs ``torch_npu`` and CANN's libhccl.
 """
 
 from __future__ import annotations
@@ -28,7 +35,11 @@ from __future__ import annotations
 import base64
 import ctypes
 import datetime
+import importlib
+import inspect
 import os
+import socket
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -47,6 +58,10 @@ class TransferGroup(Protocol):
 
     def join(self) -> None:
         """Block until every rank has joined."""
+        ...
+
+    def stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy ``tensor`` to :attr:`device` (where :meth:`broadcast` reads it)."""
         ...
 
     def broadcast(self, tensor: torch.Tensor) -> None:
@@ -105,6 +120,10 @@ class TorchTransferGroup:
         else:
             options = dist.ProcessGroupNCCL.Options()
             self._group = dist.ProcessGroupNCCL(store, 0, self.world_size, options)
+
+    def stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on :attr:`device`."""
+        return tensor.to(self.device)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast from rank 0 and wait for completion."""
@@ -171,6 +190,8 @@ class NcclUniqueIdTransferGroup:
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"the NCCL transfer group needs a cuda device, got {self.device}")
+        if self.device.index is None:  # "cuda": this process's current device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.world_size = world_size
         self._nccl = load_nccl(library)
         self._uid = _NcclUniqueId()
@@ -198,6 +219,10 @@ class NcclUniqueIdTransferGroup:
                                              _NCCL_SUM, self._comm, None), "ncclAllReduce")  # fmt: skip
         torch.accelerator.synchronize(self.device)
 
+    def stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on :attr:`device`."""
+        return tensor.to(self.device)
+
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Send the bytes of ``tensor`` from rank 0 and wait until they are out."""
         if not self._comm.value:
@@ -216,3 +241,108 @@ class NcclUniqueIdTransferGroup:
         if self._comm.value:
             self._nccl.ncclCommDestroy(self._comm)
             self._comm = ctypes.c_void_p()
+
+
+def _import(module: str, what: str) -> ModuleType:
+    """Import ``module`` or raise a RuntimeError saying what it is needed for."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise RuntimeError(
+            f"HCCL weight transfer needs {what}: cannot import {module} ({exc})"
+        ) from exc
+
+
+def free_port(address: str) -> int:
+    """A TCP port that is free on ``address`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+class HcclTransferGroup:
+    """Rank 0 of vllm-ascend's ``hccl`` weight-transfer group (Ascend NPU only).
+
+    Imports ``torch_npu``, vLLM's ``StatelessProcessGroup`` and vllm-ascend's
+    ``PyHcclCommunicator`` when created, so a missing piece fails here, not mid-sync.
+    :meth:`join` and :meth:`broadcast` run in a worker thread: each first selects this
+    group's NPU (the current device is per thread) and then runs on its current stream.
+
+    Args:
+        world_size: 1 (the trainer) + the number of engine workers.
+        master_address: Address the engine workers reach this trainer's store on.
+        master_port: Port of that store; 0 picks a free one.
+        timeout_s: Rendezvous timeout of the store.
+        device: This trainer rank's NPU (``npu:<i>``); None: the current NPU.
+    """
+
+    def __init__(self, world_size: int, master_address: str = "127.0.0.1", master_port: int = 0,
+                 timeout_s: float = 300.0, device: str | torch.device | None = None) -> None:  # fmt: skip
+        if world_size < 2:
+            raise ValueError(
+                f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
+            )
+        torch_npu = _import("torch_npu", "torch_npu (Ascend's PyTorch adapter, matching CANN)")
+        self._npu: Any = torch_npu.npu
+        stateless = _import("vllm.distributed.utils", "vLLM in the trainer's environment")
+        pyhccl = _import("vllm_ascend.distributed.device_communicators.pyhccl",
+                         "vllm-ascend in the trainer's environment")  # fmt: skip
+        self._group_cls: Any = stateless.StatelessProcessGroup
+        self._comm_cls: Any = pyhccl.PyHcclCommunicator
+        self.device = torch.device("npu" if device is None else device)
+        if self.device.type != "npu":
+            raise ValueError(f"the HCCL transfer group needs an npu device, got {self.device}")
+        if self.device.index is None:
+            self.device = torch.device("npu", self._npu.current_device())
+        self.world_size = world_size
+        self.master_address = master_address
+        self.master_port = master_port or free_port(master_address)
+        """The store's port (the one picked when ``master_port`` was 0)."""
+        self._timeout_s = timeout_s
+        self._comm: Any = None
+
+    def init_info(self) -> dict[str, Any]:
+        """``master_address``, ``master_port``, ``world_size`` (vllm-ascend's TCP rendezvous)."""
+        return {"master_address": self.master_address, "master_port": self.master_port,
+                "world_size": self.world_size}  # fmt: skip
+
+    def join(self) -> None:
+        """Host the store as rank 0 and create the HCCL communicator with every worker.
+
+        Raises:
+            RuntimeError: vllm-ascend could not load libhccl (it then disables the
+                communicator instead of failing, and every broadcast would be a no-op).
+        """
+        self._npu.set_device(self.device)
+        create = self._group_cls.create
+        kwargs: dict[str, Any] = {"host": self.master_address, "port": self.master_port,
+                                  "rank": 0, "world_size": self.world_size}  # fmt: skip
+        if "store_timeout" in inspect.signature(create).parameters:
+            kwargs["store_timeout"] = int(self._timeout_s)
+        comm = self._comm_cls(create(**kwargs), device=self.device)
+        if getattr(comm, "disabled", False) or not getattr(comm, "available", True):
+            raise RuntimeError(
+                "vllm-ascend's PyHcclCommunicator is disabled: libhccl could not be loaded "
+                "(source CANN's set_env.sh, or set HCCL_SO_PATH)"
+            )
+        self._comm = comm
+
+    def stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on :attr:`device`."""
+        return tensor.to(self.device)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Send ``tensor`` (on :attr:`device`) from rank 0; wait until it is out."""
+        if self._comm is None:
+            raise RuntimeError("join() the transfer group before broadcasting")
+        self._npu.set_device(self.device)
+        stream = self._npu.current_stream()
+        self._comm.broadcast(tensor, src=0, stream=stream)
+        stream.synchronize()
+
+    def close(self) -> None:
+        """Destroy the communicator (vllm-ascend releases the store with it)."""
+        comm, self._comm = self._comm, None
+        close = getattr(comm, "close", None)
+        if close is not None:
+            close()
