@@ -16,6 +16,12 @@ from turnrl.grpo_core.loop.loop import (
     read_loop_state,
     rollout_metrics,
 )
+from turnrl.grpo_core.loop.ray_trainer import (
+    RayGRPORun,
+    RayReference,
+    RayTrainerGroup,
+    TrainerGroupError,
+)
 from turnrl.grpo_core.loop.rollout_manager import (
     EpisodeFailedError,
     RolloutManager,
@@ -39,11 +45,15 @@ __all__ = [
     "GRPOLoop",
     "LoopConfig",
     "PromptIterator",
+    "RayGRPORun",
+    "RayReference",
+    "RayTrainerGroup",
     "RolloutGroup",
     "RolloutManager",
     "RolloutManagerConfig",
     "RolloutTimeoutError",
     "Sample",
+    "TrainerGroupError",
     "WeightSync",
     "WeightSyncError",
     "build_train_batch",

@@ -127,6 +127,7 @@ class TrainerActor:
         os.environ.update(env)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.engine: Any = None
+        self.reference: Any = None
 
     def node_info(self) -> dict[str, Any]:
         """Node id, node IP, pid and rank of this actor."""
@@ -164,11 +165,24 @@ class TrainerActor:
             raise RuntimeError(f"trainer rank {self.rank}: build_engine() has not run")
         return getattr(self.engine, method)(*args, **kwargs)
 
+    def build_reference(self, config: dict[str, Any]) -> None:
+        """Load a frozen ``ReferencePolicy(**config)`` (FSDP2-sharded when world size > 1)."""
+        from turnrl.grpo_core.training.reference import ReferencePolicy
+
+        self.reference = ReferencePolicy(**config)
+
+    def reference_logprobs(self, batch: Any) -> Any:
+        """``ReferencePolicy.compute_logprobs(batch)`` on this rank's rows."""
+        if self.reference is None:
+            raise RuntimeError(f"trainer rank {self.rank}: build_reference() has not run")
+        return self.reference.compute_logprobs(batch)
+
     def shutdown(self) -> None:
         """Drop the engine and leave the process group."""
         from turnrl.npu_runtime.distributed import destroy_distributed
 
         self.engine = None
+        self.reference = None
         destroy_distributed()
 
 
