@@ -311,7 +311,8 @@ class ForkServer:
     def _finish(self, run: _Run) -> None:
         for fd in list(run.pipes):
             self._read_pipe(run, fd)
-            self._close_pipe(run, fd)
+            if fd in run.pipes:  # a last read that met EOF has closed it already
+                self._close_pipe(run, fd)
         del self.runs[run.pid]
         reply = _result(run, self._fetch(run))
         run.replied = True
