@@ -297,5 +297,6 @@ def test_main_refuses_unsupported_backends(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     assert main(["--train-backend", "megatron", "--run-dir", str(run_dir)]) == 2
     assert main(["--device", "tpu", "--run-dir", str(run_dir)]) == 2
+    assert main(["--torch-threads", "-1", "--run-dir", str(run_dir)]) == 2
     assert main(["--domain", "retail", "--run-dir", str(run_dir)]) != 0
     assert not (run_dir / "summary.json").exists()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 from pathlib import Path
 
 import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, smoke
 from turnrl_app_tau.data import (
+    SHORT_SYSTEM_PROMPT,
     TaskUser,
+    extra_store_conversations,
     first_person,
     gold_conversation,
     load_tasks_and_domain,
@@ -16,6 +21,7 @@ from turnrl_app_tau.data import (
 )
 from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate, pass_hat_k
 from turnrl_app_tau.main import rollout_config, tool_schemas
+from turnrl_app_tau.training import sft_lr
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -123,3 +129,58 @@ def test_pass_hat_k() -> None:
         pass_hat_k([1], trials=2, k=3)
     with pytest.raises(ValueError):
         pass_hat_k([], trials=1, k=1)
+
+
+def test_short_prompt_and_no_tool_schemas() -> None:
+    config = smoke()
+    policy = load_tasks_and_domain(dataclasses.replace(config.tau, policy_in_prompt=True))
+    short = load_tasks_and_domain(dataclasses.replace(config.tau, policy_in_prompt=False))
+    assert short.domain.wiki == SHORT_SYSTEM_PROMPT != policy.domain.wiki
+    assert len(policy.domain.wiki) > 10 * len(SHORT_SYSTEM_PROMPT)
+    assert tool_schemas(short, short=True, in_prompt=False) == []
+    assert tool_schemas(short, short=True, in_prompt=True)
+
+
+async def test_gold_replay_without_tool_schemas_still_earns_reward(chat: ChatTokenizer) -> None:
+    """The tools are called by name whether or not their schemas are in the prompt."""
+    config = smoke()
+    data = load_tasks_and_domain(config.tau)
+    tasks = data.heldout
+    engine = ReplayEngine(
+        chat, [gold_conversation(data.domain, t, data.domain.wiki) for t in tasks]
+    )
+    episodes = TauEpisodes(engine, chat, data.domain, [], rollout_config(config), TaskUser)
+    metrics = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
+    assert metrics["success"] == 1.0 and metrics["invalid_tool_calls"] == 0
+
+
+def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
+    settings = dataclasses.replace(smoke().tau, synthetic_kinds=["status", "cancel"])
+    data = load_tasks_and_domain(settings)
+    extra = extra_store_conversations(settings, 2)
+    assert len(extra) == 2 * settings.synthetic_num_tasks
+    assert all(c[0] == {"role": "system", "content": data.domain.wiki} for c in extra)
+    heldout = {t.actions[1].kwargs["order_id"] for t in data.heldout}
+    mentioned = {
+        json.loads(m["tool_calls"][0]["function"]["arguments"]).get("order_id")
+        for c in extra
+        for m in c
+        if m.get("tool_calls")
+    }
+    assert mentioned and not heldout & mentioned
+    assert extra_store_conversations(settings, 0) == []
+
+
+def test_sft_lr_schedules() -> None:
+    constant = TauSettings(sft_lr=1e-3, sft_steps=100)
+    assert {sft_lr(constant, s) for s in (0, 50, 99)} == {1e-3}
+    cosine = TauSettings(sft_lr=1e-3, sft_steps=100, sft_lr_decay="cosine")
+    lrs = [sft_lr(cosine, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4)  # warm-up: a tenth at the first step
+    assert max(lrs) == pytest.approx(1e-3, rel=0.03)
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.01)  # decays to a tenth
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
+    with pytest.raises(ValueError, match="sft_lr_decay"):
+        TauSettings(sft_lr_decay="linear")
+    with pytest.raises(ValueError, match="sft_extra_stores"):
+        TauSettings(sft_extra_stores=-1)

@@ -131,6 +131,10 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--sft-steps", "tau.sft_steps", int, "SFT warm-up steps on gold conversations"),
     ("--sft-lr", "tau.sft_lr", float, "SFT learning rate"),
     ("--sft-batch-size", "tau.sft_batch_size", int, "gold conversations per SFT step"),
+    ("--sft-lr-decay", "tau.sft_lr_decay", str, "SFT lr schedule: constant or cosine"),
+    ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
+    ("--no-policy-in-prompt", "tau.policy_in_prompt", "off", "one-line system prompt"),
+    ("--no-tools-in-prompt", "rollout.tools_in_prompt", "off", "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),
     ("--synthetic-num-users", "tau.synthetic_num_users", int, "synthetic customers"),
     (
@@ -141,6 +145,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--tiny-hidden-size", "model.tiny_hidden_size", int, "tiny model: residual width"),
     ("--tiny-num-layers", "model.tiny_num_layers", int, "tiny model: decoder layers"),
+    ("--torch-threads", "model.torch_threads", int, "trainer CPU threads (0: torch's default)"),
     ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),

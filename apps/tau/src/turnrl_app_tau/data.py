@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -51,6 +52,8 @@ TASK_KINDS: dict[str, str] = {
     "exchange": "exchange_delivered_order_items",
 }
 """Synthetic task kind -> the name of its last gold action."""
+SHORT_SYSTEM_PROMPT = "You are a retail customer service agent. Help the user with the tools."
+"""System prompt in place of the policy when ``policy_in_prompt`` is off."""
 
 
 @dataclass
@@ -87,6 +90,13 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
             range or a bad held-out count.
         FileNotFoundError: the data or task file does not exist.
     """
+    data = _load(settings)
+    if not settings.policy_in_prompt:
+        data.domain.wiki = SHORT_SYSTEM_PROMPT
+    return data
+
+
+def _load(settings: TauSettings) -> TaskData:
     if settings.domain == "synthetic":
         return synthetic_tasks(settings)
     if settings.domain not in ("retail", "airline"):
@@ -150,6 +160,23 @@ def synthetic_tasks(settings: TauSettings) -> TaskData:
     train, heldout = _split(tasks[:n], settings.num_heldout)
     label = f"synthetic mini-retail (seed {settings.synthetic_seed}, {'+'.join(kinds)})"
     return TaskData(generated.domain(), train, heldout, label)
+
+
+def extra_store_conversations(settings: TauSettings, stores: int) -> list[list[dict[str, Any]]]:
+    """Gold conversations of ``stores`` other synthetic stores (seeds after the run's own).
+
+    Each store has its own customers, orders and tasks of the run's kinds (every task of it,
+    none held out), so none of these conversations is about a held-out order. The system
+    prompt is the run's (the policy, or the short prompt).
+    """
+    conversations = []
+    for offset in range(1, stores + 1):
+        other = dataclasses.replace(
+            settings, synthetic_seed=settings.synthetic_seed + 1000 * offset, num_heldout=0
+        )
+        data = load_tasks_and_domain(other)
+        conversations += [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
+    return conversations
 
 
 def first_person(instruction: str) -> str:

@@ -59,6 +59,8 @@ def check_supported(config: TauAppConfig) -> None:
             f"--train-backend {config.parallel.train_backend}: apps/tau trains with the torch "
             "backend only so far (grpo-core's megatron backend is not wired into the loop)"
         )
+    if config.model.torch_threads < 0:
+        raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
     if config.cluster.device not in ("cpu", "gpu", "npu"):
         raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
 
@@ -69,8 +71,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def tool_schemas(data: TaskData, short: bool) -> list[dict[str, Any]]:
-    """Tools shown to the model: the synthetic domain shows only those its tasks use."""
+def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
+    """Tools shown to the model: the synthetic domain shows only those its tasks use; none
+    when ``in_prompt`` is off (the model calls the domain's tools all the same)."""
+    if not in_prompt:
+        return []
     schemas = data.domain.schemas
     if data.source.startswith("synthetic"):
         used = {a.name for t in data.train + data.heldout for a in t.actions}
@@ -165,6 +170,10 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
     GRPO continues from the latest checkpoint (``GRPOLoop.resume``).
     """
     check_supported(config)
+    if config.model.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.model.torch_threads)
     start = time.perf_counter()
     run_dir = make_run_dir(config)
     config = dataclasses.replace(config, run_dir=str(run_dir))
@@ -185,7 +194,7 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
     try:
         with phases("data"):
             data = load_tasks_and_domain(config.tau)
-            tools = tool_schemas(data, config.rollout.short_tools)
+            tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
             console.print(
                 f"{data.source}: {len(data.train)} train / {len(data.heldout)} held-out tasks"
             )

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from turnrl.grpo_core.training.sft import SFTConfig, SFTDataIterator, build_sft_
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.tool_envs.protocol import UserSimulator
-from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.data import TaskData, TaskUser, gold_conversation
+from turnrl_app_tau.config import TauAppConfig, TauSettings
+from turnrl_app_tau.data import TaskData, TaskUser, extra_store_conversations, gold_conversation
 from turnrl_app_tau.report import console
 
 
@@ -101,14 +102,14 @@ def sft_warm_up(
         console.print(f"SFT: reusing {done.parent} ({done.read_text().strip()})")
         return done.parent
     tok = _tokenizer(base)
+    conversations = [gold_conversation(data.domain, task, data.domain.wiki) for task in data.train]
+    if t.sft_extra_stores and t.domain == "synthetic":
+        conversations += extra_store_conversations(t, t.sft_extra_stores)
+    elif t.sft_extra_stores:
+        console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic domain only)")
     examples = [
-        build_sft_example(
-            tok,
-            gold_conversation(data.domain, task, data.domain.wiki),
-            tools,
-            max_length=config.parallel.seq_length,
-        )
-        for task in data.train
+        build_sft_example(tok, messages, tools, max_length=config.parallel.seq_length)
+        for messages in conversations
     ]
     engine = TorchEngine(
         TorchEngineConfig(
@@ -137,7 +138,9 @@ def sft_warm_up(
     ]
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("", total=t.sft_steps)
-        for _ in range(t.sft_steps):
+        for step in range(t.sft_steps):
+            for group in engine.optimizer.param_groups:
+                group["lr"] = sft_lr(t, step)
             losses.append(run_sft(engine, kept, sft, tok.pad_token_id, data=order)[0]["loss"])
             progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
             if not console.is_terminal and len(losses) % max(1, t.sft_steps // 10) == 0:
@@ -147,6 +150,16 @@ def sft_warm_up(
     record = {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1]}
     (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
     return folder
+
+
+def sft_lr(settings: TauSettings, step: int) -> float:
+    """Learning rate of SFT step ``step`` (0-based): constant, or a 10-step linear warm-up
+    then cosine decay from ``sft_lr`` to a tenth of it."""
+    if settings.sft_lr_decay == "constant":
+        return settings.sft_lr
+    warm = min(1.0, (step + 1) / 10)
+    cosine = 0.5 * (1 + math.cos(math.pi * step / max(1, settings.sft_steps)))
+    return settings.sft_lr * warm * (0.1 + 0.9 * cosine)
 
 
 def make_trainer(
