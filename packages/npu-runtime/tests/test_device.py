@@ -81,6 +81,17 @@ def test_fake_npu_is_preferred_over_cuda(fake_torch):
     assert torch.cuda.set_device_calls == []
 
 
+def test_accelerator_module_per_device(fake_torch):
+    torch = fake_torch(cuda=2, npu=8)
+    assert dev.accelerator_module("npu") is torch.npu
+    assert dev.accelerator_module("cuda") is torch.cuda
+    with pytest.raises(ValueError, match="CPU has no accelerator module"):
+        dev.accelerator_module("cpu")
+    fake_torch(cuda=2, npu=None)
+    with pytest.raises(ImportError, match="torch_npu"):
+        dev.accelerator_module("npu")
+
+
 def test_fake_npu_without_torch_npu_falls_back_to_cuda(fake_torch):
     fake_torch(cuda=2, npu=None)
     assert detect_device() is DeviceType.CUDA

@@ -237,6 +237,25 @@ def require_torch_npu() -> ModuleType:
         raise ImportError(f"the NPU path needs torch_npu: {NPU_INSTALL_HINT} ({error})") from error
 
 
+def accelerator_module(device: DeviceType | str | None = None) -> ModuleType:
+    """The torch device module of an accelerator: ``torch.cuda``, or ``torch_npu.npu``.
+
+    For code outside npu-runtime that needs the module's stream and device calls
+    (``current_device``, ``set_device``, ``current_stream``) without naming CUDA or Ascend.
+
+    Raises:
+        ValueError: ``device`` is the CPU (it has no such module).
+        ImportError: NPU without torch_npu installed.
+    """
+    kind = resolve_device(device)
+    if kind is DeviceType.CPU:
+        raise ValueError("the CPU has no accelerator module")
+    if kind is DeviceType.NPU:  # torch_npu.npu, also registered as torch.npu on import
+        module: ModuleType = getattr(require_torch_npu(), "npu", None) or require_torch().npu
+        return module
+    return require_torch().cuda
+
+
 def set_device(index: int, device: DeviceType | str | None = None) -> str:
     """Make device ``index`` the current one for this process (no-op on CPU).
 

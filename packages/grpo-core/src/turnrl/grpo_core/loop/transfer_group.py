@@ -45,6 +45,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from turnrl.npu_runtime.device import DeviceType, accelerator_module
+
 
 class TransferGroup(Protocol):
     """Rank 0 of a trainer -> engines broadcast group."""
@@ -191,7 +193,7 @@ class NcclUniqueIdTransferGroup:
         if self.device.type != "cuda":
             raise ValueError(f"the NCCL transfer group needs a cuda device, got {self.device}")
         if self.device.index is None:  # "cuda": this process's current device
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.device = torch.device("cuda", torch.accelerator.current_device_index())
         self.world_size = world_size
         self._nccl = load_nccl(library)
         self._uid = _NcclUniqueId()
@@ -282,8 +284,13 @@ class HcclTransferGroup:
             raise ValueError(
                 f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
             )
-        torch_npu = _import("torch_npu", "torch_npu (Ascend's PyTorch adapter, matching CANN)")
-        self._npu: Any = torch_npu.npu
+        try:
+            self._npu: Any = accelerator_module(DeviceType.NPU)  # torch_npu's device module
+        except ImportError as exc:
+            raise RuntimeError(
+                "HCCL weight transfer needs torch_npu (Ascend's PyTorch adapter, matching "
+                f"CANN): cannot import torch_npu ({exc})"
+            ) from exc
         stateless = _import("vllm.distributed.utils", "vLLM in the trainer's environment")
         pyhccl = _import("vllm_ascend.distributed.device_communicators.pyhccl",
                          "vllm-ascend in the trainer's environment")  # fmt: skip
