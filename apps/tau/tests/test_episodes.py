@@ -21,7 +21,7 @@ from turnrl_app_tau.data import (
 )
 from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate, pass_hat_k
 from turnrl_app_tau.main import rollout_config, tool_schemas
-from turnrl_app_tau.training import sft_lr
+from turnrl_app_tau.training import prefix, sft_lr
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -184,3 +184,20 @@ def test_sft_lr_schedules() -> None:
         TauSettings(sft_lr_decay="linear")
     with pytest.raises(ValueError, match="sft_extra_stores"):
         TauSettings(sft_extra_stores=-1)
+
+
+def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
+    config = smoke()
+    data = load_tasks_and_domain(config.tau)
+    conversation = gold_conversation(data.domain, data.train[0], data.domain.wiki)
+    two = prefix(conversation, 2)
+    assert two == conversation[: len(two)] and two[-1]["role"] == "assistant"
+    assert sum(m["role"] == "assistant" for m in two) == 2
+    assert prefix(conversation, 99) == conversation
+    with pytest.raises(ValueError, match="sft_prefix"):
+        TauSettings(sft_prefix_turns=0)
+    with pytest.raises(ValueError, match="sft_prefix"):
+        TauSettings(sft_prefix_steps=-1)
+    # The cosine schedule spans the prefix steps and the full-conversation steps.
+    both = TauSettings(sft_lr=1e-3, sft_prefix_steps=50, sft_steps=50, sft_lr_decay="cosine")
+    assert sft_lr(both, 99) == pytest.approx(1e-4, rel=0.01)

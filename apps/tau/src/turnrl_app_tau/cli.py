@@ -133,6 +133,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--sft-batch-size", "tau.sft_batch_size", int, "gold conversations per SFT step"),
     ("--sft-lr-decay", "tau.sft_lr_decay", str, "SFT lr schedule: constant or cosine"),
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
+    ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", "off", "one-line system prompt"),
     ("--no-tools-in-prompt", "rollout.tools_in_prompt", "off", "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),

@@ -121,11 +121,18 @@ def sft_warm_up(
         )
     )
     kept = [e for e in examples if any(e.loss_mask)]
-    order = SFTDataIterator(len(kept), config.seed)
-    sft = SFTConfig(num_steps=1, global_batch_size=t.sft_batch_size, seed=config.seed)
+    prefixes = [
+        build_sft_example(tok, prefix(messages, t.sft_prefix_turns), tools)
+        for messages in conversations if t.sft_prefix_steps
+    ]  # fmt: skip
+    stages = [
+        (t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size),
+        (t.sft_steps, kept, t.sft_batch_size),
+    ]
     tokens = sum(len(e.input_ids) for e in kept) / len(kept)
     console.print(
         f"SFT: {len(kept)} gold conversations, {tokens:.0f} tokens on average, "
+        f"{t.sft_prefix_steps} prefix steps x {t.sft_prefix_batch_size} + "
         f"{t.sft_steps} steps x {t.sft_batch_size}"
     )
     losses = []
@@ -136,20 +143,36 @@ def sft_warm_up(
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
     ]
+    total = t.sft_prefix_steps + t.sft_steps
     with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("", total=t.sft_steps)
-        for step in range(t.sft_steps):
-            for group in engine.optimizer.param_groups:
-                group["lr"] = sft_lr(t, step)
-            losses.append(run_sft(engine, kept, sft, tok.pad_token_id, data=order)[0]["loss"])
-            progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
-            if not console.is_terminal and len(losses) % max(1, t.sft_steps // 10) == 0:
-                console.print(f"SFT step {len(losses)}/{t.sft_steps}  loss {losses[-1]:.3f}")
+        bar = progress.add_task("", total=total)
+        for steps, pool, batch_size in stages:
+            if not steps:
+                continue
+            order = SFTDataIterator(len(pool), config.seed)
+            sft = SFTConfig(num_steps=1, global_batch_size=batch_size, seed=config.seed)
+            for _ in range(steps):
+                for group in engine.optimizer.param_groups:
+                    group["lr"] = sft_lr(t, len(losses))
+                losses.append(run_sft(engine, pool, sft, tok.pad_token_id, data=order)[0]["loss"])
+                progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
+                if not console.is_terminal and len(losses) % max(1, total // 10) == 0:
+                    console.print(f"SFT step {len(losses)}/{total}  loss {losses[-1]:.3f}")
     console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     folder = Path(engine.export_hf(run_dir / "model" / "sft"))
     record = {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1]}
     (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
     return folder
+
+
+def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    """``messages`` cut right after the ``turns``-th assistant message (all if fewer)."""
+    seen = 0
+    for index, message in enumerate(messages):
+        seen += message["role"] == "assistant"
+        if seen == turns:
+            return messages[: index + 1]
+    return list(messages)
 
 
 def sft_lr(settings: TauSettings, step: int) -> float:
@@ -158,7 +181,8 @@ def sft_lr(settings: TauSettings, step: int) -> float:
     if settings.sft_lr_decay == "constant":
         return settings.sft_lr
     warm = min(1.0, (step + 1) / 10)
-    cosine = 0.5 * (1 + math.cos(math.pi * step / max(1, settings.sft_steps)))
+    total = settings.sft_prefix_steps + settings.sft_steps
+    cosine = 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
     return settings.sft_lr * warm * (0.1 + 0.9 * cosine)
 
 
