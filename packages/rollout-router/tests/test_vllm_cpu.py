@@ -22,6 +22,7 @@ from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.http_router import HttpRouter
 from turnrl.rollout_router.protocol import (
+    DrainTimeoutError,
     NoEngineAvailableError,
     PartialGenerationError,
     SamplingParams,
@@ -238,7 +239,12 @@ async def test_killing_one_engine_mid_run_loses_no_request(engines, router: Rout
         await asyncio.sleep(0.05)
     assert not victim_client.num_in_flight, "the dead engine's requests did not fail"
     for i in range(12):
-        await router.abort(session_id=f"kill-{i}", drain_timeout=10.0)
+        try:
+            await router.abort(session_id=f"kill-{i}", drain_timeout=10.0)
+        except DrainTimeoutError as exc:
+            # Only a request the router had re-sent to the dead engine (a half-open probe)
+            # may be slow to drain; it must still end below, with an error, not hang.
+            assert victim.url in str(exc), exc
     done, pending = await asyncio.wait(tasks, timeout=120)
     assert not pending, "a request hung after its engine died"
     ok, partial = 0, 0

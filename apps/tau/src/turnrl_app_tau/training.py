@@ -135,7 +135,7 @@ def sft_warm_up(
         f"{t.sft_prefix_steps} prefix steps x {t.sft_prefix_batch_size} + "
         f"{t.sft_steps} steps x {t.sft_batch_size}"
     )
-    losses = []
+    losses: list[float] = []
     columns = [
         TextColumn("SFT"),
         BarColumn(),
