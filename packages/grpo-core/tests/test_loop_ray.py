@@ -28,9 +28,7 @@ import torch
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import golden
-from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import GRPOLoop, latest_checkpoint
 from turnrl.grpo_core.loop.placement import PlacementConfig
 from turnrl.grpo_core.loop.ray_trainer import (
@@ -44,7 +42,6 @@ from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.policy import load_causal_lm
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
 TOY = golden.ToyRunConfig(steps=3)
 """Three steps of the golden toy run (16 samples a step, two updates a step)."""
@@ -52,30 +49,6 @@ LOSS_ATOL, LOSS_RTOL = 1e-5, 1e-3
 """Per-step loss / grad-norm agreement between 2 Ray ranks and one process."""
 ACTOR_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 PLACEMENT = PlacementConfig(actor_num_gpus_per_node=2, rollout_num_gpus=2, accelerator="CPU")
-
-
-def trainer_config(model: Path) -> TorchEngineConfig:
-    """The trainer of ``golden.build_toy_loop``."""
-    return TorchEngineConfig(
-        model_path=str(model),
-        optimizer=OptimizerConfig(lr=TOY.lr, weight_decay=0.0),
-        loss=ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28),
-        micro_batch_size=8,
-        seed=TOY.seed,
-    )
-
-
-def loop_config(save_interval: int) -> LoopConfig:
-    """The loop settings of ``golden.build_toy_loop``."""
-    return LoopConfig(
-        num_rollout=TOY.steps,
-        rollout_batch_size=TOY.rollout_batch_size,
-        n_samples_per_prompt=TOY.n_samples_per_prompt,
-        global_batch_size=TOY.global_batch_size,
-        rollout_shuffle=True,
-        save_interval=save_interval,
-        seed=TOY.seed,
-    )
 
 
 class ServedPolicy:
@@ -116,7 +89,7 @@ def toy_generate(policy: ServedPolicy) -> Callable[[list[list[int]], int], Any]:
 def ray_loop(run: RayGRPORun, model: Path, work: Path, save_interval: int) -> GRPOLoop:
     policy = ServedPolicy(model)
     loop = run.make_loop(
-        loop_config(save_interval),
+        TOY.loop_config(save_interval),
         golden.toy_prompts(TOY.num_prompts),
         toy_generate(policy),
         golden.toy_reward,
@@ -184,7 +157,7 @@ def ray_result(
 
     work = tmp_path_factory.mktemp("ray-run")
     run = RayGRPORun(
-        PLACEMENT, trainer_config(tiny_model), EngineLaunch(fake=True), env=ACTOR_ENV
+        PLACEMENT, TOY.trainer_config(tiny_model), EngineLaunch(fake=True), env=ACTOR_ENV
     ).start()
     try:
         loop = ray_loop(run, tiny_model, work, save_interval=2)
@@ -355,7 +328,7 @@ def test_bad_group_and_run_inputs_are_clear_errors() -> None:
 
     with pytest.raises(ValueError, match="no trainers: call start_trainers"):
         RayTrainerGroup(RayPlacement(PlacementConfig(accelerator="CPU")))
-    run = RayGRPORun(PLACEMENT, trainer_config(tiny_model_path))
+    run = RayGRPORun(PLACEMENT, TOY.trainer_config(tiny_model_path))
     with pytest.raises(RuntimeError, match=r"call RayGRPORun.start\(\) first"):
-        run.make_loop(loop_config(0), [[1]], toy_generate(ServedPolicy(tiny_model_path)),
+        run.make_loop(TOY.loop_config(0), [[1]], toy_generate(ServedPolicy(tiny_model_path)),
                       golden.toy_reward, pad_id=0)  # fmt: skip

@@ -73,6 +73,28 @@ class ToyRunConfig:
     lr: float = 1e-2
     """AdamW learning rate (large, so the curve moves within a few steps)."""
 
+    def trainer_config(self, model_folder: str | Path) -> TorchEngineConfig:
+        """The toy run's trainer settings for the model in ``model_folder``."""
+        return TorchEngineConfig(
+            model_path=str(model_folder),
+            optimizer=OptimizerConfig(lr=self.lr, weight_decay=0.0),
+            loss=ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28),
+            micro_batch_size=8,
+            seed=self.seed,
+        )
+
+    def loop_config(self, save_interval: int = 0) -> LoopConfig:
+        """The toy run's loop settings (checkpoint every ``save_interval`` steps, 0: never)."""
+        return LoopConfig(
+            num_rollout=self.steps,
+            rollout_batch_size=self.rollout_batch_size,
+            n_samples_per_prompt=self.n_samples_per_prompt,
+            global_batch_size=self.global_batch_size,
+            rollout_shuffle=True,
+            save_interval=save_interval,
+            seed=self.seed,
+        )
+
     def __post_init__(self) -> None:
         for name in ("steps", "num_prompts", "response_len"):
             if getattr(self, name) < 1:
@@ -152,15 +174,7 @@ def build_toy_loop(
         on_metrics: Called with each step's metrics.
         on_samples: Called with ``(step being generated, samples)`` after each rollout.
     """
-    trainer = TorchEngine(
-        TorchEngineConfig(
-            model_path=str(model_folder),
-            optimizer=OptimizerConfig(lr=config.lr, weight_decay=0.0),
-            loss=ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28),
-            micro_batch_size=8,
-            seed=config.seed,
-        )
-    )
+    trainer = TorchEngine(config.trainer_config(model_folder))
 
     async def generate(prompts: list[list[int]], n: int) -> list[ToySample]:
         out = []
@@ -173,17 +187,8 @@ def build_toy_loop(
             on_samples(loop.step, out)
         return out
 
-    loop_config = LoopConfig(
-        num_rollout=config.steps,
-        rollout_batch_size=config.rollout_batch_size,
-        n_samples_per_prompt=config.n_samples_per_prompt,
-        global_batch_size=config.global_batch_size,
-        rollout_shuffle=True,
-        save_interval=save_interval,
-        seed=config.seed,
-    )
     loop = GRPOLoop(
-        loop_config,
+        config.loop_config(save_interval),
         trainer,
         toy_prompts(config.num_prompts),
         generate,
