@@ -253,6 +253,8 @@ def test_flags_override_presets_and_env_sits_between() -> None:
     assert (inv.config.tau.eval_trials, inv.config.tau.eval_concurrency) == (3, 2)
     assert inv.config.optimizer.lr == 0.5 and inv.config.rollout.max_turns == 5
     assert resolve(["--max-turns", "7"], {"TAU_MAX_TURNS": "5"}).config.rollout.max_turns == 7
+    npu = resolve(["--preset", "qwen3-4b-npu", "--rewards-normalization", "--tau-reward", "task"])
+    assert npu.config.loop.rewards_normalization and npu.config.rollout.tau_reward == "task"
     assert resolve([], {"TAU_SHORT_TOOLS": "1"}).config.rollout.short_tools
     assert not resolve(
         ["--preset", "qwen3-4b-npu"], {"TAU_SHORT_TOOLS": "0"}
@@ -282,6 +284,10 @@ def test_bad_input_is_refused() -> None:
             ],
             {},
         )
+    with pytest.raises(ValueError, match="loss_agg_mode must be one of"):
+        resolve(["--loss-agg-mode", "sum"], {})
+    with pytest.raises(ValueError, match="tau_reward must be"):
+        resolve(["--tau-reward", "bonus"], {})
     with pytest.raises(ValueError, match="unknown preset"):
         preset("nope")
     with pytest.raises(ValueError, match="unknown config keys"):

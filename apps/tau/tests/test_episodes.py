@@ -19,7 +19,13 @@ from turnrl_app_tau.data import (
     load_tasks_and_domain,
     short_tool_schemas,
 )
-from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate, pass_hat_k
+from turnrl_app_tau.episodes import (
+    REWARDS,
+    TauEpisodes,
+    batched_tau_rm,
+    evaluate,
+    pass_hat_k,
+)
 from turnrl_app_tau.main import rollout_config, tool_schemas
 from turnrl_app_tau.training import prefix, sft_lr
 
@@ -119,6 +125,10 @@ async def test_reward_hook_normalises_by_group_max() -> None:
     assert rewards[0] == 1.0 and rewards[1] == pytest.approx(0.3)
     assert rewards[2:] == [0.0, 0.0, 0.0]
     assert samples[1].reward_breakdown == {"shaped": pytest.approx(0.3), "task": 0.0}
+    # The unshaped choice: the 0/1 task reward only, tool-call bonuses ignored.
+    assert await REWARDS["task"](samples) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert samples[0].reward_breakdown == {"shaped": 1.0, "task": 1.0}
+    assert REWARDS["shaped-group-max"] is batched_tau_rm
 
 
 def test_pass_hat_k() -> None:

@@ -131,6 +131,18 @@ def test_verdict_weighs_the_delta_against_the_noise() -> None:
     assert verdict(None, _metrics(0.4, 0.1)).startswith("No before/after")
 
 
+def test_verdict_pairs_the_tasks_when_both_evaluations_list_them() -> None:
+    # Every task gains 0.25: the paired change has no spread at all, while the unpaired
+    # standard errors (tasks of very different difficulty) would call it noise.
+    before = {**_metrics(0.375, 0.2), "per_task_reward": [0.0, 0.75, 0.0, 0.75]}
+    after = {**_metrics(0.625, 0.2), "per_task_reward": [0.25, 1.0, 0.25, 1.0]}
+    paired = verdict(before, after)
+    assert "beyond 2 standard errors" in paired and "paired over 4 tasks" in paired
+    mixed = {**after, "per_task_reward": [1.0, 0.0, 1.0, 0.5]}  # same mean, other tasks
+    assert "within noise" in verdict(before, mixed)
+    assert "combined" in verdict(_metrics(0.375, 0.2), after)  # one side lacks the list
+
+
 def test_curves_are_drawn_from_the_logged_scalars(tmp_path: Path) -> None:
     scalars = Scalars(tmp_path)
     for step in range(1, 4):

@@ -302,3 +302,12 @@ def test_off_policy_helpers_reject_bad_inputs():
         rollout_mismatch_metrics(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
     with pytest.raises(ValueError, match=r"expected rewards \[B\]"):
         kl_in_reward(torch.ones(2), torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), 0.1)
+
+
+def test_actor_loss_config_refuses_unknown_names():
+    for field, value in (("policy_loss", "ppo2"), ("kl_loss_type", "k4"), ("loss_agg_mode", "sum")):
+        with pytest.raises(ValueError, match=f"{field} must be one of"):
+            ActorLossConfig(**{field: value})
+    assert (
+        ActorLossConfig(loss_agg_mode="seq-mean-token-mean").loss_agg_mode == "seq-mean-token-mean"
+    )

@@ -19,6 +19,7 @@ from turnrl.grpo_core.loop import (
     sample_advantages,
     split_batch,
 )
+from turnrl.grpo_core.loop.loop import logprob_mismatch
 
 
 @dataclass
@@ -86,6 +87,18 @@ def test_build_train_batch_aligns_tokens_and_drops_empty() -> None:
     assert build_train_batch([S([1], [], [])], torch.tensor([1.0]), 0) is None
     with pytest.raises(ValueError, match="advantages"):
         build_train_batch(samples, torch.tensor([1.0]), 0)
+
+
+def test_logprob_mismatch_averages_over_policy_tokens_only() -> None:
+    samples = [S([5, 6], [8, 9], [1, 1], [-0.5, -1.0]), S([4], [3, 2], [1, 0], [-2.0, -9.0])]
+    batch = build_train_batch(samples, torch.tensor([1.0, -1.0]), pad_id=0)
+    assert batch is not None
+    assert logprob_mismatch(batch) == {}  # no trainer log-probs yet
+    trainer = torch.zeros_like(batch.input_ids, dtype=torch.float32)
+    trainer[0, 2:4] = torch.tensor([-0.5, -1.5])  # agrees on one token, 0.5 off on the other
+    trainer[1, 1] = -1.0  # 1.0 off; the masked token (-9.0) and the padding do not count
+    batch.old_logprobs = trainer
+    assert logprob_mismatch(batch) == {"train/rollout_logprob_abs_diff": pytest.approx(0.5)}
 
 
 def test_split_batch_covers_every_row_once() -> None:

@@ -150,6 +150,19 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
+    ("--tau-reward", "rollout.tau_reward", str, "training reward: shaped-group-max or task"),
+    (
+        "--loss-agg-mode",
+        "loss.loss_agg_mode",
+        str,
+        "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm",
+    ),
+    (
+        "--rewards-normalization",
+        "loop.rewards_normalization",
+        "on",
+        "group-normalised advantages (undoes --disable-rewards-normalization)",
+    ),
 ]
 _ENV_VARS: list[tuple[str, str, Any]] = [
     ("TAU_MAX_TURNS", "rollout.max_turns", int),

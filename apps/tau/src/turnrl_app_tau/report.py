@@ -75,7 +75,8 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
     return (
         f"step {step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "
         f"loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/kl_loss', 0):.4f}  "
-        f"entropy {m.get('train/entropy', 0):.3f}  clip {m.get('train/clip_frac', 0):.3f}  "
+        f"clip {m.get('train/clip_frac', 0):.3f}  "
+        f"engine/trainer |dlogp| {m.get('train/rollout_logprob_abs_diff', 0):.4f}  "
         f"resp_len {m.get('rollout/response_len_mean', 0):.0f}  "
         f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s  "
         f"train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
@@ -83,8 +84,8 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
 
 
 def final_table(
-    before: dict[str, float] | None,
-    after: dict[str, float] | None,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
     phases: dict[str, float],
     after_title: str = "after RL",
 ) -> Table:
@@ -111,20 +112,37 @@ def final_table(
     return table
 
 
-def verdict(before: dict[str, float] | None, after: dict[str, float] | None) -> str:
+def delta_stderr(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, str]:
+    """Standard error of the held-out reward's change, and how it was computed.
+
+    Paired over tasks (each task's mean after minus before) when both evaluations list the
+    same tasks' rewards (``per_task_reward``); otherwise the two standard errors combined as
+    if independent (larger: a task's difficulty is counted twice).
+    """
+    b, a = before.get("per_task_reward"), after.get("per_task_reward")
+    if isinstance(b, list) and isinstance(a, list) and len(a) == len(b) >= 2:
+        diffs = [y - x for x, y in zip(b, a, strict=True)]
+        mean = sum(diffs) / len(diffs)
+        var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+        return math.sqrt(var / len(diffs)), f"paired over {len(diffs)} tasks"
+    noise = math.hypot(before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0))
+    return noise, "combined"
+
+
+def verdict(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
     """One honest sentence on the RL delta of the held-out task reward, with its noise."""
     if not before or not after:
         return "No before/after evaluation (no held-out tasks)."
     delta = after["reward"] - before["reward"]
-    noise = math.hypot(before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0))
+    noise, how = delta_stderr(before, after)
     trend = "raised" if delta > 0 else "did not raise"
     if delta > 0:
         trend += " (beyond 2 standard errors)" if delta > 2 * noise else " (within noise)"
     return (
         f"RL {trend} the held-out task reward: {before['reward']:.3f} "
         f"+- {before.get('reward_stderr', 0.0):.3f} -> {after['reward']:.3f} "
-        f"+- {after.get('reward_stderr', 0.0):.3f} ({delta:+.3f}, combined standard error "
-        f"{noise:.3f}); shaped reward {before.get('shaped_reward', 0.0):.3f} -> "
+        f"+- {after.get('reward_stderr', 0.0):.3f} ({delta:+.3f}, standard error of the "
+        f"change {noise:.3f}, {how}); shaped reward {before.get('shaped_reward', 0.0):.3f} -> "
         f"{after.get('shaped_reward', 0.0):.3f}."
     )
 

@@ -13,8 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turnrl.grpo_core.algos.aggregation import AggregationMode, aggregate_loss, masked_mean
-from turnrl.grpo_core.algos.kl import KLKind, kl_penalty
+from turnrl.grpo_core.algos.aggregation import (
+    AGGREGATION_MODES,
+    AggregationMode,
+    aggregate_loss,
+    masked_mean,
+)
+from turnrl.grpo_core.algos.kl import KL_KINDS, KLKind, kl_penalty
 from turnrl.grpo_core.algos.policy_loss import PolicyLossVariant, policy_loss
 
 
@@ -44,6 +49,15 @@ class ActorLossConfig:
     """Constant length for `seq-mean-token-sum-norm`."""
     tis_cap: float | None = None
     """Truncated importance-sampling cap (e.g. 2.0); None disables (`--tis-clip`)."""
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("policy_loss", self.policy_loss, ("ppo", "gspo")),
+            ("kl_loss_type", self.kl_loss_type, KL_KINDS),
+            ("loss_agg_mode", self.loss_agg_mode, AGGREGATION_MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
 @dataclass

@@ -47,6 +47,7 @@ from turnrl.grpo_core.loop.samples import (
     split_batch,
 )
 from turnrl.grpo_core.loop.weight_sync import WeightSync
+from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
 
 GenerateFn = Callable[[list[Any], int], Awaitable[list[Any]]]
@@ -339,6 +340,7 @@ class GRPOLoop:
             self.trainer.train_step(mb) for mb in split_batch(batch, self.config.updates_per_step)
         ]
         out = {"train/skipped": 0.0, "train/advantage_abs_mean": float(advantages.abs().mean())}
+        out.update(logprob_mismatch(batch))
         for key in steps[0]:
             out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])
         return out
@@ -429,3 +431,18 @@ class GRPOLoop:
         for _ in range(todo):
             await self.run_step()
         return self.history
+
+
+def logprob_mismatch(batch: TrainBatch) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the trainer's on the same tokens.
+
+    ``train/rollout_logprob_abs_diff``: mean ``|log pi_trainer - log pi_engine|`` over the
+    policy tokens. Near 0 when the engine serves the trainer's weights; a large value means
+    the two disagree (a stale or wrong weight sync, or mismatched tokens), and the
+    policy-gradient step is then off-policy.
+    """
+    if batch.old_logprobs is None or batch.rollout_logprobs is None:
+        return {}
+    mask = batch.loss_mask.to(batch.old_logprobs.dtype)
+    diff = (batch.old_logprobs - batch.rollout_logprobs.to(batch.old_logprobs.dtype)).abs()
+    return {"train/rollout_logprob_abs_diff": float((diff * mask).sum() / mask.sum().clamp(min=1))}
