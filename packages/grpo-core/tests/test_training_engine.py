@@ -165,6 +165,19 @@ def test_gradient_clipping_bounds_the_update(tiny: Path) -> None:
     assert float(clipped) == pytest.approx(1e-3, rel=1e-3)
 
 
+def test_lr_warmup_rises_linearly_then_leaves_the_lr_to_the_caller(tiny: Path) -> None:
+    engine = engine_for(tiny, optimizer=OptimizerConfig(lr=1e-3, lr_warmup_steps=4))
+    batch = make_batch(seed=7)
+    lrs = [engine.train_step(batch, objective="sft")["lr"] for _ in range(5)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    for group in engine.optimizer.param_groups:  # a caller's schedule after the warm-up
+        group["lr"] = 1e-5
+    assert engine.train_step(batch, objective="sft")["lr"] == pytest.approx(1e-5)
+    plain = engine_for(tiny)  # no warm-up: the lr is never touched
+    plain.optimizer.param_groups[0]["lr"] = 2e-5
+    assert plain.train_step(batch, objective="sft")["lr"] == pytest.approx(2e-5)
+
+
 def test_checkpoint_resume_gives_identical_next_step(tiny: Path, tmp_path: Path) -> None:
     batches = [make_batch(seed=10 + i) for i in range(4)]
     straight = engine_for(tiny, loss=ActorLossConfig(entropy_coef=0.01))
@@ -303,6 +316,7 @@ def test_bad_engine_config(kwargs: dict, message: str) -> None:
         ({"lr": 0.0}, "lr"),
         ({"adam_beta2": 1.0}, "betas"),
         ({"weight_decay": -1.0}, "weight_decay"),
+        ({"lr_warmup_steps": -1}, "lr_warmup_steps"),
     ],
 )
 def test_bad_optimizer_config(kwargs: dict, message: str) -> None:

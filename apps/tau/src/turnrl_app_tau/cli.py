@@ -151,6 +151,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
     ("--tau-reward", "rollout.tau_reward", str, "training reward: shaped-group-max or task"),
+    ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int, "RL optimizer steps of lr warm-up"),
     (
         "--loss-agg-mode",
         "loss.loss_agg_mode",

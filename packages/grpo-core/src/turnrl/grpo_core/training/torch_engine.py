@@ -63,10 +63,16 @@ class OptimizerConfig:
     """Decoupled weight decay [--weight-decay]."""
     clip_grad: float = 1.0
     """Max global gradient norm; <= 0 only measures the norm [--clip-grad]."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the lr rises linearly to ``lr`` [--lr-warmup-iters]; a fresh
+    AdamW moves every weight by about ``lr`` on its first steps (sign-like updates), which a
+    small, sharply trained model may not survive at full lr."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
             raise ValueError(
                 f"adam betas must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}"
@@ -238,6 +244,10 @@ class TorchEngine:
             raise ValueError("train_step got no micro-batches")
         counts = self._global_counts(micro)
         self.module.train()
+        if self.step <= self.config.optimizer.lr_warmup_steps > 0:
+            # Only through the warm-up: a caller's own schedule (param_groups) rules after it.
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(self.step)
         self.optimizer.zero_grad(set_to_none=True)
         out = self._accumulate(equalise_micro_batches(micro, self.device), objective, counts)
         out["grad_norm"] = self._clip_and_step()
@@ -248,6 +258,13 @@ class TorchEngine:
             step_time_s=time.perf_counter() - start,
         )
         return out
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then flat."""
+        opt = self.config.optimizer
+        if step >= opt.lr_warmup_steps:
+            return opt.lr
+        return opt.lr * (step + 1) / opt.lr_warmup_steps
 
     def _accumulate(
         self, micro: list[TrainBatch], objective: str, counts: BatchCounts
