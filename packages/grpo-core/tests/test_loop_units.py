@@ -98,7 +98,9 @@ def test_logprob_mismatch_averages_over_policy_tokens_only() -> None:
     trainer[0, 2:4] = torch.tensor([-0.5, -1.5])  # agrees on one token, 0.5 off on the other
     trainer[1, 1] = -1.0  # 1.0 off; the masked token (-9.0) and the padding do not count
     batch.old_logprobs = trainer
-    assert logprob_mismatch(batch) == {"train/rollout_logprob_abs_diff": pytest.approx(0.5)}
+    metrics = logprob_mismatch(batch)
+    assert metrics["train/mismatch_abs_diff"] == pytest.approx(0.5)
+    assert metrics["train/mismatch_kl_k1"] == pytest.approx((0.0 + 0.5 - 1.0) / 3)
 
 
 def test_split_batch_covers_every_row_once() -> None:

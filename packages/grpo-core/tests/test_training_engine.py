@@ -317,6 +317,7 @@ def test_bad_engine_config(kwargs: dict, message: str) -> None:
         ({"adam_beta2": 1.0}, "betas"),
         ({"weight_decay": -1.0}, "weight_decay"),
         ({"lr_warmup_steps": -1}, "lr_warmup_steps"),
+        ({"adam_eps": 0.0}, "adam_eps"),
     ],
 )
 def test_bad_optimizer_config(kwargs: dict, message: str) -> None:

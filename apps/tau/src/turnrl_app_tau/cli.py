@@ -153,6 +153,12 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--tau-reward", "rollout.tau_reward", str, "training reward: shaped-group-max or task"),
     ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int, "RL optimizer steps of lr warm-up"),
     (
+        "--adam-eps",
+        "optimizer.adam_eps",
+        float,
+        "AdamW epsilon (larger: small gradients move less)",
+    ),
+    (
         "--loss-agg-mode",
         "loss.loss_agg_mode",
         str,

@@ -343,14 +343,14 @@ def cpu_default() -> TauAppConfig:
         model=ModelConfig(tiny_hidden_size=128, tiny_num_layers=2),
         parallel=ParallelConfig(micro_batch_size=4, seq_length=4096),
         loop=LoopConfig(
-            num_rollout=16,
+            num_rollout=32,
             rollout_batch_size=8,
             n_samples_per_prompt=4,
             global_batch_size=16,
             advantage_estimator="grpo",
             rewards_normalization=False,
             rollout_shuffle=True,
-            save_interval=2,
+            save_interval=4,
         ),
         loss=ActorLossConfig(
             eps_clip=0.2,
@@ -370,6 +370,7 @@ def cpu_default() -> TauAppConfig:
             short_tools=True,
             tools_in_prompt=False,
             vllm_server_concurrency=16,
+            tau_reward="task",
             engine_extra_args=["--enforce-eager"],
         ),
         tau=TauSettings(
@@ -378,17 +379,17 @@ def cpu_default() -> TauAppConfig:
             # words, and the conversations (~2k tokens) are a third shorter than with
             # every kind, so the tiny model gets more SFT steps in the CPU budget.
             synthetic_kinds=["status", "cancel"],
-            synthetic_num_users=80,
-            synthetic_num_tasks=80,
+            synthetic_num_users=320,
+            synthetic_num_tasks=320,
             num_heldout=40,
             sft_prefix_steps=150,
             sft_steps=200,
             sft_lr=3e-3,
             sft_batch_size=16,
             sft_lr_decay="cosine",
-            sft_extra_stores=8,
+            sft_extra_stores=1,
             policy_in_prompt=False,
-            eval_trials=4,
+            eval_trials=8,
             eval_temperature=1.0,
         ),
     )
@@ -411,7 +412,9 @@ def smoke() -> TauAppConfig:
     config.tau = dataclasses.replace(
         config.tau,
         synthetic_num_tasks=12,
+        synthetic_num_users=24,
         num_heldout=4,
+        eval_trials=4,
         sft_steps=6,
         sft_batch_size=4,
         sft_extra_stores=1,

@@ -76,7 +76,7 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
         f"step {step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "
         f"loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/kl_loss', 0):.4f}  "
         f"clip {m.get('train/clip_frac', 0):.3f}  "
-        f"engine/trainer |dlogp| {m.get('train/rollout_logprob_abs_diff', 0):.4f}  "
+        f"engine/trainer |dlogp| {m.get('train/mismatch_abs_diff', 0):.4f}  "
         f"resp_len {m.get('rollout/response_len_mean', 0):.0f}  "
         f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s  "
         f"train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"

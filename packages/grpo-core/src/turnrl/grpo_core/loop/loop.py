@@ -39,6 +39,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+from turnrl.grpo_core.algos import rollout_mismatch_metrics
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.samples import (
     Sample,
@@ -436,13 +437,12 @@ class GRPOLoop:
 def logprob_mismatch(batch: TrainBatch) -> dict[str, float]:
     """How far the engine's sampling log-probs are from the trainer's on the same tokens.
 
-    ``train/rollout_logprob_abs_diff``: mean ``|log pi_trainer - log pi_engine|`` over the
-    policy tokens. Near 0 when the engine serves the trainer's weights; a large value means
-    the two disagree (a stale or wrong weight sync, or mismatched tokens), and the
-    policy-gradient step is then off-policy.
+    ``algos.rollout_mismatch_metrics`` under ``train/``: ``train/mismatch_abs_diff`` is the
+    mean ``|log pi_trainer - log pi_engine|`` over the policy tokens, near 0 when the engine
+    serves the trainer's weights; a large value means the two disagree (a stale or wrong
+    weight sync, or mismatched tokens) and the step is off-policy.
     """
     if batch.old_logprobs is None or batch.rollout_logprobs is None:
         return {}
-    mask = batch.loss_mask.to(batch.old_logprobs.dtype)
-    diff = (batch.old_logprobs - batch.rollout_logprobs.to(batch.old_logprobs.dtype)).abs()
-    return {"train/rollout_logprob_abs_diff": float((diff * mask).sum() / mask.sum().clamp(min=1))}
+    metrics = rollout_mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask)
+    return {f"train/{key}": float(value) for key, value in metrics.items()}

@@ -71,6 +71,8 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.adam_eps <= 0:
+            raise ValueError(f"adam_eps must be > 0, got {self.adam_eps}")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
