@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from tau_replay import ReplayEngine
-from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.config import TAU_REWARDS, TauSettings, smoke
 from turnrl_app_tau.data import (
     SHORT_SYSTEM_PROMPT,
     TaskUser,
@@ -129,6 +129,7 @@ async def test_reward_hook_normalises_by_group_max() -> None:
     assert await REWARDS["task"](samples) == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert samples[0].reward_breakdown == {"shaped": 1.0, "task": 1.0}
     assert REWARDS["shaped-group-max"] is batched_tau_rm
+    assert tuple(REWARDS) == TAU_REWARDS  # every name the config accepts has a hook
 
 
 def test_pass_hat_k() -> None:

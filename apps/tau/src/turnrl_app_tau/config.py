@@ -22,6 +22,8 @@ from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
+TAU_REWARDS = ("shaped-group-max", "task")
+"""The app's reward hooks by ``--tau-reward`` name (``episodes.REWARDS``)."""
 
 
 @dataclass
@@ -170,9 +172,9 @@ class RolloutSettings:
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 
     def __post_init__(self) -> None:
-        if self.tau_reward not in ("shaped-group-max", "task"):
+        if self.tau_reward not in TAU_REWARDS:
             raise ValueError(
-                f"tau_reward must be shaped-group-max or task, got {self.tau_reward!r}"
+                f"tau_reward must be one of {list(TAU_REWARDS)}, got {self.tau_reward!r}"
             )
 
 

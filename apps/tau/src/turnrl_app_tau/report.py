@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from turnrl_app_tau.episodes import standard_error
+
 console = Console(highlight=False)
 
 
@@ -122,9 +124,7 @@ def delta_stderr(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, 
     b, a = before.get("per_task_reward"), after.get("per_task_reward")
     if isinstance(b, list) and isinstance(a, list) and len(a) == len(b) >= 2:
         diffs = [y - x for x, y in zip(b, a, strict=True)]
-        mean = sum(diffs) / len(diffs)
-        var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
-        return math.sqrt(var / len(diffs)), f"paired over {len(diffs)} tasks"
+        return standard_error(diffs), f"paired over {len(diffs)} tasks"
     noise = math.hypot(before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0))
     return noise, "combined"
 

@@ -10,6 +10,7 @@ source recipes (clip 0.2 / 0.28, low_var_kl, token-mean); flag names follow slim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 
@@ -52,7 +53,7 @@ class ActorLossConfig:
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
-            ("policy_loss", self.policy_loss, ("ppo", "gspo")),
+            ("policy_loss", self.policy_loss, get_args(PolicyLossVariant)),
             ("kl_loss_type", self.kl_loss_type, KL_KINDS),
             ("loss_agg_mode", self.loss_agg_mode, AGGREGATION_MODES),
         ):

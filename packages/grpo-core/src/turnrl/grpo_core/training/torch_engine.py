@@ -246,7 +246,8 @@ class TorchEngine:
             raise ValueError("train_step got no micro-batches")
         counts = self._global_counts(micro)
         self.module.train()
-        if self.step <= self.config.optimizer.lr_warmup_steps > 0:
+        warmup = self.config.optimizer.lr_warmup_steps
+        if warmup and self.step <= warmup:
             # Only through the warm-up: a caller's own schedule (param_groups) rules after it.
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr_at(self.step)
