@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,6 +183,32 @@ def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
     }
     assert mentioned and not heldout & mentioned
     assert extra_store_conversations(settings, 0) == []
+
+
+_DATA_DIGEST = """
+import dataclasses, hashlib, json
+from turnrl_app_tau.config import smoke
+from turnrl_app_tau.data import gold_conversation, load_tasks_and_domain
+settings = dataclasses.replace(smoke().tau, synthetic_kinds=["status", "cancel"])
+data = load_tasks_and_domain(settings)
+train = [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
+heldout = [t.instruction for t in data.heldout]
+print(hashlib.sha256(json.dumps([train, heldout], default=str).encode()).hexdigest())
+"""
+
+
+def test_synthetic_tasks_do_not_depend_on_the_hash_seed() -> None:
+    """The split and the SFT data order are the same in every process (a set of kinds once
+    made them follow PYTHONHASHSEED, so one seed gave different SFT models)."""
+    digests = set()
+    for hash_seed in ("0", "1", "2", "3", "4", "5"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run(
+            [sys.executable, "-c", _DATA_DIGEST], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        digests.add(run.stdout.strip())
+    assert len(digests) == 1
 
 
 def test_sft_lr_schedules() -> None:

@@ -134,7 +134,9 @@ def synthetic_tasks(settings: TauSettings) -> TaskData:
     unknown = sorted(set(kinds) - set(TASK_KINDS))
     if unknown or not kinds:
         raise ValueError(f"synthetic_kinds must be among {sorted(TASK_KINDS)}, got {kinds}")
-    wanted = {TASK_KINDS[k] for k in kinds}
+    # Ordered (not a set): the interleaving below, hence the train/held-out split and the SFT
+    # data order, must not depend on PYTHONHASHSEED.
+    wanted = list(dict.fromkeys(TASK_KINDS[k] for k in kinds))
     n = settings.synthetic_num_tasks
     draw = n if len(wanted) == len(TASK_KINDS) else 6 * n
     generated = tau_synth.generate(settings.synthetic_seed, settings.synthetic_num_users, draw)
