@@ -174,7 +174,8 @@ async def test_resume_sends_the_checkpoint_weights_to_the_engines(
     before = load_file(str(model / "model.safetensors"))
     await loop.resume(checkpoint)
     synced = load_file(str(tmp_path / "sync" / "v1" / "model.safetensors"))
-    trained = {k.removeprefix("model."): v for k, v in loop.trainer.module.state_dict().items()}
+    state = loop.trainer.module.state_dict()
+    trained = {k.removeprefix("model."): v.cpu() for k, v in state.items()}
     assert synced.keys() == before.keys()
     assert all(torch.equal(synced[k], trained[k]) for k in synced)
     assert not all(torch.equal(synced[k], before[k]) for k in synced)  # one step was trained

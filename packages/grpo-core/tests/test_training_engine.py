@@ -69,9 +69,12 @@ def assert_params_close(a: dict, b: dict, atol: float) -> None:
 
 
 def naive_logprobs(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """Reference: full logits, log-softmax, gather; zero outside the loss mask."""
+    """Reference: full logits, log-softmax, gather; zero outside the loss mask (on the CPU,
+    from a model on any device)."""
+    device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+        logits = model(input_ids=ids, attention_mask=mask).logits.cpu()
     logp = torch.log_softmax(logits.float(), dim=-1)[:, :-1]
     picked = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
     out = torch.cat([torch.zeros(picked.shape[0], 1), picked], dim=1)
@@ -226,14 +229,15 @@ def test_export_reloads_to_identical_logits(tmp_path: Path, tie: bool) -> None:
     out = engine.export_hf(tmp_path / "export")
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         assert (out / name).is_file(), name
-    reloaded = AutoModelForCausalLM.from_pretrained(out)
-    ids = make_batch(seed=8).input_ids
+    # Both models on the trainer's device: the same kernels, so the logits are equal bit for bit.
+    reloaded = AutoModelForCausalLM.from_pretrained(out).to(engine.device)
+    ids = make_batch(seed=8).input_ids.to(engine.device)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, engine.hf_model(ids).logits)
     # Exporting again replaces the folder atomically with the newer weights.
     engine.train_step(make_batch(seed=9), objective="sft")
     engine.export_hf(out)
-    again = AutoModelForCausalLM.from_pretrained(out)
+    again = AutoModelForCausalLM.from_pretrained(out).to(engine.device)
     with torch.no_grad():
         assert torch.equal(again(ids).logits, engine.hf_model(ids).logits)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export")]

@@ -59,7 +59,10 @@ def make_batch() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_fsdp2_two_cpu_ranks_match_one_process(tmp_path: Path) -> None:
+def test_fsdp2_two_cpu_ranks_match_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNRL_DEVICE", "cpu")  # the one-process reference on the CPU too
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "run"
     out.mkdir()

@@ -53,7 +53,7 @@ class ReferencePolicy:
         model.requires_grad_(False)
         self.module = CausalLMLogProbs(model, logprob_chunk_size, temperature)
         if world_size() > 1:
-            shard_fsdp2(self.module, model)
+            shard_fsdp2(self.module, model, self.device)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:

@@ -167,7 +167,7 @@ class TorchEngine:
         )
         self.dp_size = world_size()
         if self.dp_size > 1:
-            shard_fsdp2(self.module, self.hf_model)
+            shard_fsdp2(self.module, self.hf_model, self.device)
         opt = config.optimizer
         self.optimizer = torch.optim.AdamW(
             self.module.parameters(),
@@ -392,10 +392,18 @@ def decoder_layers(hf_model: nn.Module) -> Iterator[nn.Module]:
     yield from layers
 
 
-def shard_fsdp2(root: nn.Module, hf_model: nn.Module) -> None:
-    """Shard each decoder layer, then the root (embeddings, norm, output layer)."""
+def shard_fsdp2(root: nn.Module, hf_model: nn.Module, device: torch.device) -> None:
+    """Shard each decoder layer, then the root (embeddings, norm, output layer), over a
+    1-D mesh of every rank on ``device``'s type.
+
+    The mesh is explicit: FSDP2's default one takes the machine's accelerator whatever the
+    training device is, so CPU ranks on a one-GPU machine all asked for ``cuda:<rank>``.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(hf_model):
-        fully_shard(layer)
-    fully_shard(root)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(root, mesh=mesh)
