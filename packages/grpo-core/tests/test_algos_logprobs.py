@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from turnrl.grpo_core.algos import IGNORE_INDEX, chunked_logprobs, naive_logprobs
+from turnrl.grpo_core.algos.logprobs import sampling_keep_mask
 
 
 def _inputs(n=45, h=24, v=97, dtype=torch.float32, seed=0):
@@ -109,3 +110,54 @@ def test_logprob_only_gradients_match_naive():
     torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
     for got, ref in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.8, -1), (1.0, 5), (0.6, 20), (0.3, 3)])
+def test_top_p_top_k_values_and_gradients_match_naive(top_p, top_k):
+    hidden, weight, labels = _inputs()
+    hidden.data *= 4  # spread logits, so the nucleus is a small part of the vocabulary
+    lp, ent = chunked_logprobs(
+        hidden, weight, labels, 7, 0.7, return_entropy=True, top_p=top_p, top_k=top_k
+    )
+    g_lp, g_ent = torch.randn(45), torch.randn(45)
+    grads = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), (hidden, weight))
+    lp_ref, ent_ref = naive_logprobs(hidden, weight, labels, 0.7, top_p, top_k)
+    grads_ref = torch.autograd.grad(
+        (lp_ref * g_lp).sum() + (ent_ref * g_ent).sum(), (hidden, weight)
+    )
+    full, _ = naive_logprobs(hidden, weight, labels, 0.7)
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+    assert (lp >= full - 1e-6).all() and (lp - full).abs().max() > 0.05  # renormalised
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_sampling_keep_mask_follows_the_top_k_then_top_p_rule():
+    z = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.07, 0.03]]))
+    assert sampling_keep_mask(z) is None
+    assert sampling_keep_mask(z, top_k=2).tolist() == [[True, True, False, False, False]]
+    # ascending cumulative mass: 0.03, 0.10, 0.25, 0.50, 1.0; p=0.7 drops those <= 0.3
+    assert sampling_keep_mask(z, top_p=0.7).tolist() == [[True, True, False, False, False]]
+    assert sampling_keep_mask(z, top_p=0.1).tolist() == [[True, False, False, False, False]]
+    # top-k 3 renormalises to 0.556, 0.278, 0.167 before top-p 0.8 drops the 0.167
+    assert sampling_keep_mask(z, top_p=0.8, top_k=3).tolist() == [[True, True, False, False, False]]
+
+
+def test_a_label_outside_the_nucleus_still_gets_a_finite_log_prob():
+    z = torch.log(torch.tensor([[0.9, 0.05, 0.05]]))
+    weight = torch.eye(3)
+    lp, _ = chunked_logprobs(z, weight, torch.tensor([2]), top_p=0.5)
+    # kept set {0, 2}: 0.05 / 0.95
+    assert lp.item() == pytest.approx(float(torch.log(torch.tensor(0.05 / 0.95))), abs=1e-6)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"top_p": 0.0}, "top_p"),
+                                                 ({"top_p": 1.5}, "top_p"),
+                                                 ({"top_k": 0}, "top_k")])
+def test_bad_sampling_settings_are_refused(kwargs, message):
+    hidden, weight, labels = _inputs()
+    with pytest.raises(ValueError, match=message):
+        chunked_logprobs(hidden, weight, labels, **kwargs)

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from turnrl.npu_runtime.supervise import ProcessDiedError
+from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.engine import (
     DEFAULT_HEALTH_TIMEOUT,
+    EngineLogprobsError,
     HEALTH_TIMEOUT_ENV,
     SERVER_MODULE,
     EngineServer,
@@ -28,6 +30,7 @@ def test_cpu_command_uses_server_module_and_scale_out_routes():
     assert cmd[cmd.index("--served-model-name") + 1] == "tiny"
     assert cmd[cmd.index("--max-model-len") + 1] == "2048"
     assert "--enable-scale-out" in cmd and cmd[-2:] == ["--seed", "1"]
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"  # the sampled dist.
     assert "--gpu-memory-utilization" not in cmd  # not a CPU setting
     env = launch_env(EngineSpec(model="m", cpu_kvcache_gib=2, cpu_threads_bind="1"))
     assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
@@ -62,7 +65,7 @@ def test_health_timeout_from_spec_variable_or_device_default(monkeypatch: pytest
     ("kwargs", "match"),
     [({"device": "tpu"}, "device"), ({"port": 0}, "port"), ({"tensor_parallel_size": 0}, "parallel"),
      ({"gpu_memory_utilization": 1.5}, "gpu_memory"), ({"cpu_kvcache_gib": 0}, "kvcache"),
-     ({"max_model_len": 0}, "max_model_len")],
+     ({"max_model_len": 0}, "max_model_len"), ({"logprobs_mode": "raw_logits"}, "logprobs_mode")],
 )  # fmt: skip
 def test_bad_specs_are_rejected(kwargs: dict[str, object], match: str):
     with pytest.raises(ValueError, match=match):
@@ -78,3 +81,60 @@ def test_server_that_exits_raises_with_its_log(tmp_path: Path):
     assert "vllm" in str(err.value)
     assert server.process is not None and not server.process.alive
     assert server.log_path.is_file()
+
+
+# A stand-in for a vLLM server (the real one is in the engine-cpu session): an old vLLM
+# whose argument parser has no --logprobs-mode, or one that serves another mode.
+STAND_IN = """
+import argparse, http.server, json, os
+parser = argparse.ArgumentParser()
+for flag in ("--model", "--served-model-name", "--host", "--port", "--dtype"):
+    parser.add_argument(flag)
+parser.add_argument("--enable-scale-out", action="store_true")
+if os.environ["STAND_IN_MODE"] != "old":
+    parser.add_argument("--logprobs-mode")
+args = parser.parse_args()
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"vllm_config": {"model_config": {
+            "logprobs_mode": os.environ["STAND_IN_MODE"]}}}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body if self.path.startswith("/server_info") else b"ok")
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer((args.host, int(args.port)), Handler).serve_forever()
+"""
+
+
+def _stand_in_server(tmp_path: Path, mode: str) -> EngineServer:
+    module = tmp_path / "pkg" / "vllm" / "entrypoints" / "openai"
+    module.mkdir(parents=True)
+    for folder in (module.parent.parent, module.parent, module):
+        (folder / "__init__.py").write_text("")
+    (module / "api_server.py").write_text(STAND_IN)
+    env = {"PYTHONPATH": str(tmp_path / "pkg"), "STAND_IN_MODE": mode}
+    spec = EngineSpec(model="m", port=free_port(), python=sys.executable, env=env,
+                      health_timeout=30)  # fmt: skip
+    return EngineServer(spec, log_dir=tmp_path)
+
+
+def test_a_vllm_without_logprobs_mode_is_refused_at_start_with_the_reason(tmp_path: Path):
+    server = _stand_in_server(tmp_path, "old")
+    with pytest.raises(EngineLogprobsError, match="cannot return the log-probs of the sampled"):
+        server.start()
+    assert server.process is not None and not server.process.alive
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_the_served_logprobs_mode_is_checked_once_healthy(tmp_path: Path, mode: str):
+    server = _stand_in_server(tmp_path, mode)
+    if mode == "processed_logprobs":
+        server.start()
+        server.stop()
+        return
+    with pytest.raises(EngineLogprobsError, match="reports logprobs_mode='raw_logprobs'"):
+        server.start()
+    assert server.process is not None and not server.process.alive

@@ -1,7 +1,7 @@
 """turnrl-rollout-router: inference engines as servers, token-in/token-out clients and routing."""
 
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine import EngineLogprobsError, EngineServer, EngineSpec
 from turnrl.rollout_router.protocol import (
     DrainTimeoutError,
     EngineError,
@@ -20,6 +20,7 @@ __all__ = [
     "DrainTimeoutError",
     "EngineClient",
     "EngineError",
+    "EngineLogprobsError",
     "EngineRequestError",
     "EngineServer",
     "EngineSpec",

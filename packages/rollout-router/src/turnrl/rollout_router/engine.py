@@ -7,6 +7,13 @@ length, extra flags and environment. :class:`EngineServer` starts it through
 for ``/health`` with a timeout (``TURNRL_ENGINE_HEALTH_TIMEOUT_SEC``; generous on NPU,
 where graph capture takes minutes).
 
+Every engine reports the log-probs of the distribution it sampled from
+(``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p), which is what
+the trainer computes and what importance-sampling corrections need; vLLM's default,
+``raw_logprobs``, is the model's distribution before temperature. A vLLM without the flag
+stops at start with a message saying so, and a dev-mode engine's mode is read back from
+``/server_info`` once healthy.
+
 Every engine gets the token-in/token-out routes (``--enable-scale-out``:
 ``/inference/v1/generate``) and, with ``dev_mode``, the RL routes
 (``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/resume``, ``/abort_requests``,
@@ -16,19 +23,30 @@ the server module is always run as ``python -m vllm.entrypoints.openai.api_serve
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import re
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnrl.npu_runtime.ascend_env import ascend_env_defaults
-from turnrl.npu_runtime.supervise import ManagedProcess, start_process
+from turnrl.npu_runtime.supervise import ManagedProcess, ProcessDiedError, start_process
 from turnrl.rollout_router.engine_env import DEVICES, ensure_engine_env
 
 HEALTH_TIMEOUT_ENV = "TURNRL_ENGINE_HEALTH_TIMEOUT_SEC"
 # Seconds to wait for /health when the variable is unset: NPU startup compiles graphs.
 DEFAULT_HEALTH_TIMEOUT = {"cpu": 600.0, "gpu": 900.0, "npu": 1800.0}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""``processed_logprobs``: the sampled distribution (what RL trains against); ``raw_logprobs``:
+the model's before temperature / top-k / top-p (vLLM's default; never right for RL at T != 1)."""
+
+
+class EngineLogprobsError(RuntimeError):
+    """The engine cannot report the log-probs of the distribution it samples from."""
 
 
 @dataclass
@@ -59,6 +77,8 @@ class EngineSpec:
     """Longest context (prompt + response) the engine accepts."""
     dtype: str = "auto"
     """Weight/activation dtype (``auto``, ``bfloat16``, ``float32``, ...)."""
+    logprobs_mode: str = "processed_logprobs"
+    """Which log-probs the engine returns (``--logprobs-mode``); see ``LOGPROBS_MODES``."""
     dev_mode: bool = True
     """Expose the RL routes (pause/resume, abort all, collective RPC, weight transfer)."""
     extra_args: list[str] = field(default_factory=list)
@@ -83,6 +103,10 @@ class EngineSpec:
             )
         if self.cpu_kvcache_gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
@@ -100,9 +124,9 @@ class EngineSpec:
 
 def launch_command(spec: EngineSpec, python: str) -> list[str]:
     """The server's argument list for ``spec``, run with ``python``."""
-    cmd = [python, "-m", SERVER_MODULE, "--model", spec.model,
-           "--served-model-name", spec.model_name, "--host", spec.host,
-           "--port", str(spec.port), "--enable-scale-out", "--dtype", spec.dtype]  # fmt: skip
+    cmd = [python, "-m", SERVER_MODULE, "--model", spec.model]
+    cmd += ["--served-model-name", spec.model_name, "--host", spec.host, "--port", str(spec.port)]
+    cmd += ["--enable-scale-out", "--dtype", spec.dtype, "--logprobs-mode", spec.logprobs_mode]
     if spec.max_model_len is not None:
         cmd += ["--max-model-len", str(spec.max_model_len)]
     if spec.tensor_parallel_size > 1:
@@ -150,6 +174,43 @@ def health_timeout(spec: EngineSpec) -> float:
     return value
 
 
+def served_logprobs_mode(url: str, timeout: float = 10.0) -> str | None:
+    """The ``--logprobs-mode`` a running engine reports on ``/server_info`` (dev mode).
+
+    Returns None when the route is missing (not dev mode) or names no mode (a vLLM without it).
+    """
+    try:
+        with urllib.request.urlopen(f"{url}/server_info?config_format=json", timeout=timeout) as r:
+            info = json.load(r)
+    except (OSError, ValueError):
+        return None
+    mode = info.get("vllm_config", {}).get("model_config", {}).get("logprobs_mode")
+    return mode if isinstance(mode, str) else None
+
+
+def check_logprobs_mode(spec: EngineSpec, served: str | None) -> None:
+    """Raise :class:`EngineLogprobsError` if a dev-mode engine serves another log-prob mode."""
+    if spec.dev_mode and served != spec.logprobs_mode:
+        raise EngineLogprobsError(
+            f"engine {spec.url} reports logprobs_mode={served!r}, not {spec.logprobs_mode!r}: its "
+            "log-probs would not be those of the distribution it samples from (use a vLLM "
+            "with --logprobs-mode, >= 0.10)"
+        )
+
+
+# How argparse refuses the flag (unknown to an old vLLM, or a mode it does not offer).
+_FLAG_REFUSED = re.compile(r"unrecognized arguments:.*--logprobs-mode|argument --logprobs-mode")
+
+
+def _explain_death(spec: EngineSpec, exc: ProcessDiedError) -> None:
+    if _FLAG_REFUSED.search(exc.log_tail):
+        raise EngineLogprobsError(
+            f"engine on port {spec.port} refused --logprobs-mode {spec.logprobs_mode}: this vLLM "
+            "cannot return the log-probs of the sampled distribution (needs >= 0.10); log tail:\n"
+            + exc.log_tail
+        ) from exc
+
+
 class EngineServer:
     """One supervised vLLM server process.
 
@@ -192,12 +253,16 @@ class EngineServer:
         Raises:
             turnrl.npu_runtime.supervise.ProcessDiedError: the server exited (log tail inside).
             turnrl.npu_runtime.supervise.HealthTimeoutError: not healthy in time (it is stopped).
+            EngineLogprobsError: the engine cannot report the sampled distribution's log-probs.
         """
         proc = self._launch()
         try:
             proc.wait_healthy(f"{self.url}/health", timeout=health_timeout(self.spec))
-        except BaseException:
+            check_logprobs_mode(self.spec, served_logprobs_mode(self.url))
+        except BaseException as exc:
             proc.stop(grace=5.0)
+            if isinstance(exc, ProcessDiedError):
+                _explain_death(self.spec, exc)
             raise
         return self
 
@@ -206,8 +271,12 @@ class EngineServer:
         proc = self._launch()
         try:
             await proc.wait_healthy_async(f"{self.url}/health", timeout=health_timeout(self.spec))
-        except BaseException:
+            served = await asyncio.to_thread(served_logprobs_mode, self.url)
+            check_logprobs_mode(self.spec, served)
+        except BaseException as exc:
             proc.stop(grace=5.0)
+            if isinstance(exc, ProcessDiedError):
+                _explain_death(self.spec, exc)
             raise
         return self
 

@@ -22,6 +22,8 @@ class SamplingParams:
     """Softmax temperature; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 for all."""
     max_tokens: int = 512
     """Most tokens to generate in this call."""
     stop: list[str] = field(default_factory=list)
@@ -40,6 +42,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids):
@@ -56,6 +60,7 @@ def sampling_to_vllm(sampling: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        "top_k": int(getattr(sampling, "top_k", -1)),
         "max_tokens": sampling.max_tokens,
         "logprobs": 0,
         "ignore_eos": bool(getattr(sampling, "ignore_eos", False)),

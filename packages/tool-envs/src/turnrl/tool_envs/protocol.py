@@ -22,6 +22,8 @@ class SamplingParams:
     """Softmax temperature; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 for all."""
     max_tokens: int = 512
     """Most tokens to generate in this call (the episode may lower it to fit the context)."""
     stop: list[str] = field(default_factory=list)

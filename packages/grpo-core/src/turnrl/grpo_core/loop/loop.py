@@ -43,6 +43,7 @@ from turnrl.grpo_core.algos import rollout_mismatch_metrics
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.samples import (
     Sample,
+    advantage_abs_mean,
     build_train_batch,
     sample_advantages,
     split_batch,
@@ -231,6 +232,21 @@ def rollout_metrics(samples: Sequence[Sample], seconds: float) -> dict[str, floa
     return metrics
 
 
+def check_estimator_loss(config: LoopConfig, trainer: Any) -> None:
+    """Refuse an estimator whose algorithm the trainer's loss does not implement.
+
+    GSPO is the GRPO advantage with a sequence-level ratio: ``advantage_estimator="gspo"``
+    with the token-ratio (``ppo``) loss would train GRPO under GSPO's name.
+    """
+    loss = getattr(getattr(trainer, "config", None), "loss", None)
+    policy = getattr(loss, "policy_loss", None)
+    if config.advantage_estimator == "gspo" and policy not in (None, "gspo"):
+        raise ValueError(
+            f"advantage_estimator='gspo' needs the sequence-ratio loss (policy_loss='gspo'), "
+            f"but the trainer's policy_loss is {policy!r}"
+        )
+
+
 class GRPOLoop:
     """Runs synchronous GRPO steps with a trainer, hooks and a weight sync.
 
@@ -267,6 +283,7 @@ class GRPOLoop:
     ) -> None:
         if config.save_interval and checkpoint_dir is None:
             raise ValueError("save_interval is set but no checkpoint_dir was given")
+        check_estimator_loss(config, trainer)
         self.config, self.trainer = config, trainer
         self.data = PromptIterator(prompts, config.rollout_shuffle, config.seed)
         self.generate, self.reward = generate, reward
@@ -340,7 +357,10 @@ class GRPOLoop:
         steps = [
             self.trainer.train_step(mb) for mb in split_batch(batch, self.config.updates_per_step)
         ]
-        out = {"train/skipped": 0.0, "train/advantage_abs_mean": float(advantages.abs().mean())}
+        out = {
+            "train/skipped": 0.0,
+            "train/advantage_abs_mean": advantage_abs_mean(advantages, samples),
+        }
         out.update(logprob_mismatch(batch))
         for key in steps[0]:
             out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])

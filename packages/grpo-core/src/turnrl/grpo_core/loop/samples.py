@@ -5,6 +5,12 @@ A sample is anything with the token-exact fields of a trajectory (``prompt_ids``
 ``turnrl.tool_envs.trajectory.Trajectory`` meets :class:`Sample` structurally, and this
 package never imports it. Advantages are computed over the whole step (every sample of
 every group) before samples without a single policy token are dropped.
+
+Sequence-level estimators give one advantage per sample (``[N]``); the REINFORCE++ ones
+(``TOKEN_ESTIMATORS``) give one per token (``[N, L]``), laid out like the training batch:
+column ``t`` is token ``t`` of ``prompt_ids + response_ids``, 0 off the policy tokens
+(prompt, tool results, user turns), so whitening and discounting see only what the policy
+generated.
 """
 
 from __future__ import annotations
@@ -32,8 +38,24 @@ class Sample(Protocol):
     group_id: str | None
 
 
+TOKEN_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+"""Estimators whose advantages are per token (whitened over the step's policy tokens)."""
+
+
+def policy_token_mask(samples: Sequence[Sample]) -> torch.Tensor:
+    """``[N, L]`` float mask, 1 on the policy tokens of ``prompt_ids + response_ids``."""
+    length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    mask = torch.zeros(len(samples), length)
+    for row, s in enumerate(samples):
+        if len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"sample {row}: response_ids and loss_mask differ in length")
+        start = len(s.prompt_ids)
+        mask[row, start : start + len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    return mask
+
+
 def sample_advantages(samples: Sequence[Sample], config: LoopConfig) -> torch.Tensor:
-    """``[N]`` per-sample advantages of one step's samples.
+    """Advantages of one step's samples: ``[N]``, or ``[N, L]`` for ``TOKEN_ESTIMATORS``.
 
     With ``rewards_normalization`` the configured estimator runs over the groups; without it
     the raw reward is the advantage (slime's ``--disable-rewards-normalization``, used with
@@ -49,12 +71,26 @@ def sample_advantages(samples: Sequence[Sample], config: LoopConfig) -> torch.Te
     groups = [
         s.group_id if s.group_id is not None else f"sample-{i}" for i, s in enumerate(samples)
     ]
+    mask = None
+    if config.advantage_estimator in TOKEN_ESTIMATORS:
+        mask = policy_token_mask(samples)
+        if mask.sum() < 2:  # nothing to whiten, and nothing to train on either
+            return torch.zeros_like(mask)
     return compute_advantages(
         rewards,
         groups,
         config.advantage_estimator,  # type: ignore[arg-type]
+        mask,
         norm_by_std=config.grpo_std_normalization,
     )
+
+
+def advantage_abs_mean(advantages: torch.Tensor, samples: Sequence[Sample]) -> float:
+    """Mean ``|advantage|`` per sample, or per policy token for token-level advantages."""
+    if advantages.dim() == 1:
+        return float(advantages.abs().mean())
+    mask = policy_token_mask(samples)
+    return float((advantages.abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 def build_train_batch(
@@ -63,7 +99,8 @@ def build_train_batch(
     """Right-padded batch of the samples that have policy tokens; None when none has.
 
     Position ``t`` of every tensor is token ``t`` of ``prompt_ids + response_ids``;
-    ``loss_mask`` and ``rollout_logprobs`` are 0 over the prompt.
+    ``loss_mask`` and ``rollout_logprobs`` are 0 over the prompt. ``advantages`` is ``[N]``
+    or ``[N, L]`` as :func:`sample_advantages` returns it (``L`` >= the longest sample).
     """
     if len(samples) != advantages.shape[0]:
         raise ValueError(f"{len(samples)} samples but {advantages.shape[0]} advantages")
@@ -88,9 +125,18 @@ def build_train_batch(
         input_ids=ids,
         attention_mask=attn,
         loss_mask=mask,
-        advantages=advantages[keep].to(torch.float32),
+        advantages=_rows(advantages, keep, ids.shape[1]),
         rollout_logprobs=rollout_logp * mask,
     )
+
+
+def _rows(advantages: torch.Tensor, keep: list[int], length: int) -> torch.Tensor:
+    picked = advantages[keep].to(torch.float32)
+    if picked.dim() == 1:
+        return picked
+    if picked.shape[1] < length:
+        raise ValueError(f"token advantages cover {picked.shape[1]} positions, need {length}")
+    return picked[:, :length]
 
 
 def split_batch(batch: TrainBatch, num_parts: int) -> list[TrainBatch]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from turnrl.grpo_core.algos.logprobs import chunked_logprobs
+from turnrl.grpo_core.algos.logprobs import check_sampling, chunked_logprobs
 
 DType = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -56,22 +56,33 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.M
 class CausalLMLogProbs(nn.Module):
     """Wraps an HF causal LM; `forward` returns log-probs (and entropy) of chosen tokens."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = 1024, temperature: float = 1.0):
+    def __init__(
+        self,
+        model: nn.Module,
+        chunk_size: int = 1024,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+    ):
         """Wrap `model`.
 
         Args:
             model: a `transformers` causal LM (has `base_model` and output embeddings).
             chunk_size: tokens per chunk of the log-prob computation.
             temperature: logits are divided by this (the rollout's sampling temperature).
+            top_p: the rollout's nucleus mass; log-probs are those of the truncated,
+                renormalised distribution the engine sampled from (1 = off).
+            top_k: the rollout's top-k (-1 = off), likewise.
         """
         super().__init__()
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_sampling(temperature, top_p, top_k)
         self.model = model
         self.chunk_size = chunk_size
         self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
 
     def forward(
         self,
@@ -110,6 +121,8 @@ class CausalLMLogProbs(nn.Module):
             self.chunk_size,
             self.temperature,
             return_entropy=return_entropy,
+            top_p=self.top_p,
+            top_k=self.top_k,
         )
         return _scatter(logp, select), None if entropy is None else _scatter(entropy, select)
 

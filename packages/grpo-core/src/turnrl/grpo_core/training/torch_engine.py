@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.algos.logprobs import check_sampling
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.loss import (
     SHARE_METRICS,
@@ -103,6 +104,11 @@ class TorchEngineConfig:
     """Tokens per chunk of the log-prob computation (memory ~ chunk x vocab)."""
     temperature: float = 1.0
     """Rollout sampling temperature; logits are divided by it [--rollout-temperature]."""
+    top_p: float = 1.0
+    """Rollout nucleus mass: log-probs are over the top-p set the engine sampled from
+    (1 = off) [--rollout-top-p]."""
+    top_k: int = -1
+    """Rollout top-k, likewise (-1 = off) [--rollout-top-k]."""
     seed: int = 1234
     """Seed of torch and Python RNGs at start-up [--seed]."""
 
@@ -113,8 +119,7 @@ class TorchEngineConfig:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        check_sampling(self.temperature, self.top_p, self.top_k)
 
 
 def world_size() -> int:
@@ -163,7 +168,7 @@ class TorchEngine:
             _enable_activation_checkpointing(self.hf_model)
         self.hf_model.to(self.device)
         self.module: nn.Module = CausalLMLogProbs(
-            self.hf_model, config.logprob_chunk_size, config.temperature
+            self.hf_model, config.logprob_chunk_size, config.temperature, config.top_p, config.top_k
         )
         self.dp_size = world_size()
         if self.dp_size > 1:
