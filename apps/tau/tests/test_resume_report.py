@@ -193,3 +193,31 @@ def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
     assert len(rows) == 1 and rows[0]["step"] == 3
     text = json.dumps(rows[0])
     assert "Cancel order #W1." in text and "get_order_details" in text and "reward=1.0" in text
+
+
+@pytest.mark.parametrize(
+    ("settings", "steps", "stop", "num_probes"),
+    [
+        # Target 1.0 is out of reach of the untrained model: every step runs, probed each 2.
+        ({"sft_probe_target": 1.0, "sft_probe_interval": 2}, 2 + 6, "8 steps", 3),
+        # Target 0.0 probes nothing; the time bound ends SFT after its first step.
+        ({"sft_max_seconds": 1e-3}, 1, "time bound", 0),
+    ],
+)
+def test_sft_stops_on_its_probe_or_time_bound(
+    tmp_path: Path, settings: dict[str, float], steps: int, stop: str, num_probes: int
+) -> None:
+    import dataclasses
+
+    from turnrl_app_tau.main import tool_schemas
+
+    config = smoke()
+    config.tau = dataclasses.replace(config.tau, sft_probe_size=4, **settings)
+    base = build_policy(config, tmp_path)
+    data = load_tasks_and_domain(config.tau)
+    tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
+    folder = sft_warm_up(config, base, data, tools, tmp_path)
+    record = json.loads((folder / SFT_DONE).read_text())
+    assert record["steps"] == steps and stop in record["stop"]
+    assert [s for s, _ in record["probes"]] == [2 + 2 * k for k in range(1, num_probes + 1)]
+    assert all(rate == 0.0 for _, rate in record["probes"])

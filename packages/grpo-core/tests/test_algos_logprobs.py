@@ -154,9 +154,10 @@ def test_a_label_outside_the_nucleus_still_gets_a_finite_log_prob():
     assert lp.item() == pytest.approx(float(torch.log(torch.tensor(0.05 / 0.95))), abs=1e-6)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"top_p": 0.0}, "top_p"),
-                                                 ({"top_p": 1.5}, "top_p"),
-                                                 ({"top_k": 0}, "top_k")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k")],
+)
 def test_bad_sampling_settings_are_refused(kwargs, message):
     hidden, weight, labels = _inputs()
     with pytest.raises(ValueError, match=message):

@@ -55,7 +55,14 @@ SEQUENCE_LEVEL = {
 #   reinforce++-baseline: r - group mean, .5 .5 -.5 0 0 0; mean 1/12, var .141667
 TOKEN_LEVEL = {
     "reinforce_plus_plus": [0.597614, 0.597614, -1.792843, -0.597614, 0.597614, 0.597614],
-    "reinforce_plus_plus_baseline": [1.107019, 1.107019, -1.549826, -0.221404, -0.221404, -0.221404],
+    "reinforce_plus_plus_baseline": [
+        1.107019,
+        1.107019,
+        -1.549826,
+        -0.221404,
+        -0.221404,
+        -0.221404,
+    ],
 }
 
 
@@ -81,8 +88,9 @@ def test_token_advantages_match_by_hand_and_sit_on_policy_tokens_only(estimator:
     samples = _hand_samples()
     adv = sample_advantages(samples, LoopConfig(advantage_estimator=estimator))
     assert adv.shape == (5, 6)  # [samples, prompt 2 + longest response 4]
-    on_policy = adv[torch.tensor([[0, 0] + s.loss_mask + [0] * (4 - len(s.loss_mask))
-                                  for s in samples]).bool()]  # fmt: skip
+    on_policy = adv[
+        torch.tensor([[0, 0] + s.loss_mask + [0] * (4 - len(s.loss_mask)) for s in samples]).bool()
+    ]
     assert on_policy.tolist() == pytest.approx(TOKEN_LEVEL[estimator], abs=1e-5)
     assert adv.abs().sum() == pytest.approx(on_policy.abs().sum())  # 0 on prompt and tool tokens
     batch = build_train_batch(samples, adv, pad_id=0)
@@ -99,8 +107,15 @@ def test_gspo_advantages_with_the_token_ratio_loss_are_refused(tmp_path: Path):
         raise AssertionError("not reached")
 
     with pytest.raises(ValueError, match="policy_loss='gspo'"):
-        GRPOLoop(LoopConfig(advantage_estimator="gspo"), trainer, [[1]], never, never,
-                 weight_sync=None, pad_id=0)  # fmt: skip
+        GRPOLoop(
+            LoopConfig(advantage_estimator="gspo"),
+            trainer,
+            [[1]],
+            never,
+            never,
+            weight_sync=None,
+            pad_id=0,
+        )
 
 
 # -- the matrix: the real loop, three steps per estimator, TIS on and off ----------------
@@ -109,8 +124,9 @@ TURN_LEN = 3
 
 
 @torch.no_grad()
-def _sample_turn(model: torch.nn.Module, ids: list[int], gen: torch.Generator
-                 ) -> tuple[list[int], list[float]]:  # fmt: skip
+def _sample_turn(
+    model: torch.nn.Module, ids: list[int], gen: torch.Generator
+) -> tuple[list[int], list[float]]:
     out, logps = [], []
     for _ in range(TURN_LEN):
         logp = torch.log_softmax(model(torch.tensor([ids + out])).logits[0, -1].float(), -1)
@@ -121,12 +137,17 @@ def _sample_turn(model: torch.nn.Module, ids: list[int], gen: torch.Generator
 
 
 def _multi_turn_loop(folder: Path, estimator: str, tis: bool) -> tuple[GRPOLoop, TorchEngine]:
-    loss = ActorLossConfig(policy_loss="gspo" if estimator == "gspo" else "ppo",
-                           loss_agg_mode="seq-mean-token-sum-norm" if estimator == "dr_grpo"
-                           else "token-mean", norm_length=2 * TURN_LEN,
-                           tis_cap=2.0 if tis else None)  # fmt: skip
-    trainer = TorchEngine(TorchEngineConfig(model_path=str(folder), loss=loss, seed=0,
-                                            optimizer=OptimizerConfig(lr=1e-3)))  # fmt: skip
+    loss = ActorLossConfig(
+        policy_loss="gspo" if estimator == "gspo" else "ppo",
+        loss_agg_mode="seq-mean-token-sum-norm" if estimator == "dr_grpo" else "token-mean",
+        norm_length=2 * TURN_LEN,
+        tis_cap=2.0 if tis else None,
+    )
+    trainer = TorchEngine(
+        TorchEngineConfig(
+            model_path=str(folder), loss=loss, seed=0, optimizer=OptimizerConfig(lr=1e-3)
+        )
+    )
     gen = torch.Generator().manual_seed(0)
 
     async def generate(prompts: list[list[int]], n: int) -> list[ToySample]:
@@ -138,20 +159,33 @@ def _multi_turn_loop(folder: Path, estimator: str, tis: bool) -> tuple[GRPOLoop,
                 second, lp2 = _sample_turn(model, prompt + first + TOOL_RESULT, gen)
                 mask = [1] * TURN_LEN + [0] * len(TOOL_RESULT) + [1] * TURN_LEN
                 logps = lp1 + [0.0] * len(TOOL_RESULT) + lp2
-                out.append(ToySample(prompt, first + TOOL_RESULT + second, mask, logps,
-                                     str(prompt), num_turns=2))  # fmt: skip
+                out.append(
+                    ToySample(
+                        prompt, first + TOOL_RESULT + second, mask, logps, str(prompt), num_turns=2
+                    )
+                )
         model.train()
         return out
 
     async def reward(samples: list[ToySample]) -> list[float]:
         # Even ids among the policy's own tokens (the tool's tokens do not count).
-        return [sum(t % 2 == 0 for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m)
-                / (2 * TURN_LEN) for s in samples]  # fmt: skip
+        return [
+            sum(t % 2 == 0 for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m)
+            / (2 * TURN_LEN)
+            for s in samples
+        ]
 
-    config = LoopConfig(num_rollout=3, rollout_batch_size=2, n_samples_per_prompt=4,
-                        global_batch_size=4, advantage_estimator=estimator, seed=0)  # fmt: skip
-    loop = GRPOLoop(config, trainer, [[1, 40, 90], [2, 41, 91]], generate, reward,
-                    weight_sync=None, pad_id=0)  # fmt: skip
+    config = LoopConfig(
+        num_rollout=3,
+        rollout_batch_size=2,
+        n_samples_per_prompt=4,
+        global_batch_size=4,
+        advantage_estimator=estimator,
+        seed=0,
+    )
+    loop = GRPOLoop(
+        config, trainer, [[1, 40, 90], [2, 41, 91]], generate, reward, weight_sync=None, pad_id=0
+    )
     return loop, trainer
 
 
@@ -174,5 +208,7 @@ async def test_every_estimator_trains_three_steps_of_the_real_loop(
         # Trainer and sampler are the same weights before the first update of a step.
         assert m["train/mismatch_abs_diff"] < 1e-4
     assert any(m["train/advantage_abs_mean"] > 0 for m in history)
-    moved = sum(float((v - before[k]).abs().sum()) for k, v in trainer.hf_model.state_dict().items())
+    moved = sum(
+        float((v - before[k]).abs().sum()) for k, v in trainer.hf_model.state_dict().items()
+    )
     assert moved > 0

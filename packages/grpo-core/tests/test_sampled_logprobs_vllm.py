@@ -44,8 +44,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineSer
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
     model.save_pretrained(folder)
-    spec = EngineSpec(model=str(folder), port=free_port(), served_model_name="tiny",
-                      dtype="float32", max_model_len=512, extra_args=["--enforce-eager"])  # fmt: skip
+    spec = EngineSpec(
+        model=str(folder),
+        port=free_port(),
+        served_model_name="tiny",
+        dtype="float32",
+        max_model_len=512,
+        extra_args=["--enforce-eager"],
+    )
     server = EngineServer(spec, log_dir=root)
     server.start()
     try:
@@ -89,10 +95,13 @@ def test_engine_is_launched_in_processed_logprobs_mode(served: tuple[EngineServe
 
 @pytest.mark.parametrize(
     "sampling",
-    [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.8},
-     {"temperature": 0.7, "top_p": 0.9, "top_k": 40}],
+    [
+        {"temperature": 0.7},
+        {"temperature": 0.7, "top_p": 0.8},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 40},
+    ],
     ids=["t0.7", "t0.7-top_p0.8", "t0.7-top_p0.9-top_k40"],
-)  # fmt: skip
+)
 def test_engine_and_trainer_logprobs_agree_on_sampled_tokens(
     served: tuple[EngineServer, Path], sampling: dict[str, float]
 ):

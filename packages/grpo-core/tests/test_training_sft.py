@@ -166,3 +166,24 @@ def test_run_sft_refuses_examples_without_assistant_tokens(tiny: Path, tok) -> N
         run_sft(engine, [example], SFTConfig(num_steps=1), tok.pad_token_id)
     with pytest.raises(ValueError, match="num_steps"):
         SFTConfig(num_steps=-1)
+
+
+def test_greedy_match_rate_counts_examples_the_model_reproduces_exactly(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnrl.grpo_core.training.sft import SFTExample, greedy_match_rate
+    from turnrl.grpo_core.training.tiny_model import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m"))
+    seq = [5]
+    with torch.no_grad():
+        for _ in range(3):  # greedy decoding
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    # Example 0: the masked tokens are the model's greedy choices; example 1: one is not.
+    right = SFTExample(seq, [0, 1, 1, 1])
+    wrong = SFTExample([seq[0], seq[1] + 1, seq[2]], [0, 1, 0])
+    unmasked = SFTExample([1, 2, 3], [0, 0, 0])
+    assert greedy_match_rate(model, [right], pad_id=0) == 1.0
+    assert greedy_match_rate(model, [right, wrong, unmasked], pad_id=0, batch_size=1) == 0.5
+    assert greedy_match_rate(model, [unmasked], pad_id=0) == 0.0

@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 
 from turnrl.npu_runtime.supervise import ProcessDiedError
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.engine import (
     DEFAULT_HEALTH_TIMEOUT,
-    EngineLogprobsError,
     HEALTH_TIMEOUT_ENV,
     SERVER_MODULE,
+    EngineLogprobsError,
     EngineServer,
     EngineSpec,
     health_timeout,
     launch_command,
     launch_env,
 )
+from turnrl.rollout_router.fake_engine import free_port
 
 
 def test_cpu_command_uses_server_module_and_scale_out_routes():
@@ -116,8 +116,9 @@ def _stand_in_server(tmp_path: Path, mode: str) -> EngineServer:
         (folder / "__init__.py").write_text("")
     (module / "api_server.py").write_text(STAND_IN)
     env = {"PYTHONPATH": str(tmp_path / "pkg"), "STAND_IN_MODE": mode}
-    spec = EngineSpec(model="m", port=free_port(), python=sys.executable, env=env,
-                      health_timeout=30)  # fmt: skip
+    spec = EngineSpec(
+        model="m", port=free_port(), python=sys.executable, env=env, health_timeout=30
+    )
     return EngineServer(spec, log_dir=tmp_path)
 
 

@@ -41,7 +41,7 @@ def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: in
     return TorchEngine(TorchEngineConfig(
         model_path=str(model_path), dtype=config.model.dtype,  # type: ignore[arg-type]
         optimizer=OptimizerConfig(lr=lr, weight_decay=0.0), loss=loss, micro_batch_size=micro,
-        temperature=rl.temperature, seed=config.seed,
+        temperature=rl.temperature, top_p=rl.top_p, seed=config.seed,
     ))  # fmt: skip
 
 

@@ -235,6 +235,17 @@ class TauSettings:
     """Assistant turns kept in a prefix."""
     sft_prefix_batch_size: int = 32
     """Prefixes per SFT step."""
+    sft_probe_target: float = 0.0
+    """Stop the whole-conversation SFT stage once this fraction of probe conversations
+    (``sft_probe_size`` gold conversations of a store SFT never sees) is reproduced exactly
+    by greedy decoding given the gold context (``grpo_core.training.sft.greedy_match_rate``);
+    ``sft_steps`` is then the most steps. 0 runs exactly ``sft_steps``."""
+    sft_probe_interval: int = 25
+    """Whole-conversation SFT steps between probes."""
+    sft_probe_size: int = 32
+    """Probe conversations."""
+    sft_max_seconds: float = 0.0
+    """Stop SFT after this many seconds even if the probe target is not met (0: no bound)."""
     policy_in_prompt: bool = True
     """The domain policy (wiki) as the system prompt; False puts a one-line system prompt
     (a tiny model cannot read the policy, and SFT steps are cheaper without it)."""
@@ -252,6 +263,12 @@ class TauSettings:
             raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:
             raise ValueError(f"sft_extra_stores must be >= 0, got {self.sft_extra_stores}")
+        if not 0 <= self.sft_probe_target <= 1:
+            raise ValueError(f"sft_probe_target must be in [0, 1], got {self.sft_probe_target}")
+        if self.sft_probe_interval < 1 or self.sft_probe_size < 1 or self.sft_max_seconds < 0:
+            raise ValueError(
+                "sft_probe_interval and sft_probe_size must be >= 1, sft_max_seconds >= 0"
+            )
 
 
 @dataclass

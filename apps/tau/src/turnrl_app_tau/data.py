@@ -171,14 +171,16 @@ def extra_store_conversations(settings: TauSettings, stores: int) -> list[list[d
     none held out), so none of these conversations is about a held-out order. The system
     prompt is the run's (the policy, or the short prompt).
     """
-    conversations = []
-    for offset in range(1, stores + 1):
-        other = dataclasses.replace(
-            settings, synthetic_seed=settings.synthetic_seed + 1000 * offset, num_heldout=0
-        )
-        data = load_tasks_and_domain(other)
-        conversations += [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
-    return conversations
+    return [c for offset in range(1, stores + 1) for c in store_conversations(settings, offset)]
+
+
+def store_conversations(settings: TauSettings, offset: int) -> list[list[dict[str, Any]]]:
+    """Gold conversations of the synthetic store ``offset`` seeds after the run's own."""
+    other = dataclasses.replace(
+        settings, synthetic_seed=settings.synthetic_seed + 1000 * offset, num_heldout=0
+    )
+    data = load_tasks_and_domain(other)
+    return [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
 
 
 def first_person(instruction: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,24 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnrl.grpo_core.training.reference import ReferencePolicy
-from turnrl.grpo_core.training.sft import SFTConfig, SFTDataIterator, build_sft_example, run_sft
+from turnrl.grpo_core.training.sft import (
+    SFTConfig,
+    SFTDataIterator,
+    build_sft_example,
+    greedy_match_rate,
+    run_sft,
+)
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.tool_envs.protocol import UserSimulator
 from turnrl_app_tau.config import TauAppConfig, TauSettings
-from turnrl_app_tau.data import TaskData, TaskUser, extra_store_conversations, gold_conversation
+from turnrl_app_tau.data import (
+    TaskData,
+    TaskUser,
+    extra_store_conversations,
+    gold_conversation,
+    store_conversations,
+)
 from turnrl_app_tau.report import console
 
 
@@ -107,6 +120,19 @@ def sft_warm_up(
         conversations += extra_store_conversations(t, t.sft_extra_stores)
     elif t.sft_extra_stores:
         console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic domain only)")
+    probe: list[Any] = []
+    if t.sft_probe_target:
+        if t.domain == "synthetic":  # a store SFT never sees
+            probe_chats = store_conversations(t, t.sft_extra_stores + 1)[: t.sft_probe_size]
+        else:  # the last training conversations, left out of SFT
+            probe_chats, conversations = (
+                conversations[-t.sft_probe_size :],
+                conversations[: -t.sft_probe_size],
+            )
+        probe = [
+            build_sft_example(tok, m, tools, max_length=config.parallel.seq_length)
+            for m in probe_chats
+        ]
     examples = [
         build_sft_example(tok, messages, tools, max_length=config.parallel.seq_length)
         for messages in conversations
@@ -136,6 +162,7 @@ def sft_warm_up(
         f"{t.sft_steps} steps x {t.sft_batch_size}"
     )
     losses: list[float] = []
+    probes: list[tuple[int, float]] = []
     columns = [
         TextColumn("SFT"),
         BarColumn(),
@@ -144,23 +171,47 @@ def sft_warm_up(
         TimeElapsedColumn(),
     ]
     total = t.sft_prefix_steps + t.sft_steps
+    start, stop_reason = time.perf_counter(), f"{total} steps"
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("", total=total)
-        for steps, pool, batch_size in stages:
+        for stage, (steps, pool, batch_size) in enumerate(stages):
             if not steps:
                 continue
             order = SFTDataIterator(len(pool), config.seed)
             sft = SFTConfig(num_steps=1, global_batch_size=batch_size, seed=config.seed)
-            for _ in range(steps):
+            for step in range(1, steps + 1):
                 for group in engine.optimizer.param_groups:
                     group["lr"] = sft_lr(t, len(losses))
                 losses.append(run_sft(engine, pool, sft, tok.pad_token_id, data=order)[0]["loss"])
                 progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
                 if not console.is_terminal and len(losses) % max(1, total // 10) == 0:
                     console.print(f"SFT step {len(losses)}/{total}  loss {losses[-1]:.3f}")
+                if t.sft_max_seconds and time.perf_counter() - start > t.sft_max_seconds:
+                    stop_reason = f"time bound {t.sft_max_seconds:g} s"
+                    break
+                if probe and stage == 1 and step % t.sft_probe_interval == 0:
+                    rate = greedy_match_rate(engine.hf_model, probe, tok.pad_token_id)
+                    probes.append((len(losses), rate))
+                    console.print(
+                        f"SFT step {len(losses)}: probe {rate:.2f} of {len(probe)} "
+                        f"conversations reproduced (target {t.sft_probe_target:g})"
+                    )
+                    if rate >= t.sft_probe_target:
+                        stop_reason = f"probe {rate:.2f} >= {t.sft_probe_target:g}"
+                        break
+            else:
+                continue
+            break
+    console.print(f"SFT stopped after {len(losses)} steps: {stop_reason}")
     console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     folder = Path(engine.export_hf(run_dir / "model" / "sft"))
-    record = {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1]}
+    record = {
+        "steps": len(losses),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "stop": stop_reason,
+        "probes": probes,
+    }
     (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
     return folder
 

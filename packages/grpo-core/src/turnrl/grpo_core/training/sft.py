@@ -225,3 +225,44 @@ def loss_mask_text(tokenizer: Any, example: SFTExample) -> str:
     """The decoded text of the loss-masked tokens (for inspection and tests)."""
     ids = torch.tensor(example.input_ids)[torch.tensor(example.loss_mask, dtype=torch.bool)]
     return str(tokenizer.decode(ids.tolist()))
+
+
+@torch.no_grad()
+def greedy_match_rate(
+    model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 8
+) -> float:
+    """Fraction of examples whose every loss-masked token is the model's greedy choice.
+
+    Teacher-forced: each assistant token is predicted from the gold conversation before it,
+    so an example counts when greedy decoding of each of its assistant turns, given the gold
+    context, would reproduce the turn exactly (one forward pass per batch, no generation).
+    A probe of SFT progress that loss alone does not give: a conversation is only as right
+    as its least likely token (a wrong digit of an order id ends the task).
+
+    Args:
+        model: a Hugging Face causal LM (e.g. ``TorchEngine.hf_model``).
+        examples: probe conversations (from ``build_sft_example``), ideally not trained on.
+        pad_id: padding token id.
+        batch_size: rows per forward pass.
+
+    Returns:
+        The rate in [0, 1] over the examples that have an assistant token (0.0 if none has).
+    """
+    scored = [e for e in examples if any(e.loss_mask[1:])]
+    if not scored:
+        return 0.0
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    hits = 0
+    try:
+        for start in range(0, len(scored), batch_size):
+            batch = collate_sft(scored[start : start + batch_size], pad_id).to(device)
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            wrong = (logits[:, :-1].argmax(-1) != batch.input_ids[:, 1:]) & batch.loss_mask[
+                :, 1:
+            ].bool()
+            hits += int((~wrong.any(dim=1)).sum())
+    finally:
+        model.train(was_training)
+    return hits / len(scored)
