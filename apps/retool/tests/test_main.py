@@ -31,6 +31,30 @@ def test_generated_datasets_keep_heldout_apart() -> None:
     assert len(heldout) == config.data.num_val_problems
     assert not heldout & {t.problem for t in data.train}
     assert data.sft_chats[0][0]["content"].endswith("Box it.")
+    probe = {chat[0]["content"] for chat in data.probe_chats}
+    assert len(probe) == config.sft.probe_size  # never an SFT, RL or held-out problem
+    assert not probe & {chat[0]["content"] for chat in data.sft_chats}
+    assert not {p.split("\n\n")[0] for p in probe} & (heldout | {t.problem for t in data.train})
+
+
+def test_sft_stops_at_the_probe_target_or_the_time_bound(tmp_path: Path) -> None:
+    from turnrl_app_retool.main import build_base_model, run_sft_stage
+    from turnrl_app_retool.runlog import RunLogger
+
+    flags = ["--sft-steps", "6", "--sft-probe-target", "1", "--sft-probe-interval", "2"]
+    config, _ = resolve(["--smoke", *flags])
+    data = Datasets(config, "Box it.")
+    base = build_base_model(config, tmp_path / "base")
+    logger = RunLogger(tmp_path, tensorboard=False)
+    run_sft_stage(config, base, data, tmp_path / "sft", Console(), logger)
+    config.sft.max_seconds = 1e-3
+    run_sft_stage(config, base, data, tmp_path / "sft-timed", Console(), logger)
+    logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # The untrained model reproduces no probe chat: all 6 steps, probed at 2, 4, 6; then the
+    # time bound stops the second run after its first step.
+    assert [r["step"] for r in rows if "sft/probe" in r] == [2, 4, 6]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 1]
 
 
 def test_aime_files_replace_generated_validation(tmp_path: Path) -> None:

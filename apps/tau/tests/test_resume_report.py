@@ -199,7 +199,7 @@ def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
     ("settings", "steps", "stop", "num_probes"),
     [
         # Target 1.0 is out of reach of the untrained model: every step runs, probed each 2.
-        ({"sft_probe_target": 1.0, "sft_probe_interval": 2}, 2 + 6, "8 steps", 3),
+        ({"sft_probe_target": 1.0, "sft_probe_interval": 2}, 2 + 6, "all steps done", 3),
         # Target 0.0 probes nothing; the time bound ends SFT after its first step.
         ({"sft_max_seconds": 1e-3}, 1, "time bound", 0),
     ],

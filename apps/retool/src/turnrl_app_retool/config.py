@@ -88,6 +88,17 @@ class SFTStageConfig:
     """Cosine decay's final learning rate as a fraction of ``lr``."""
     max_length: int = 1024
     """Longest chat in tokens; longer ones are cut."""
+    probe_target: float = 0.0
+    """Stop SFT once this fraction of ``probe_size`` generated chats SFT never sees is
+    reproduced exactly by greedy decoding given the gold context
+    (``grpo_core.training.sft.SFTStop``); ``num_steps`` is then the most steps. 0 runs
+    exactly ``num_steps`` [--sft-probe-target]."""
+    probe_interval: int = 25
+    """Steps between probes [--sft-probe-interval]."""
+    probe_size: int = 64
+    """Probe chats."""
+    max_seconds: float = 0.0
+    """Stop SFT after this many seconds (0: no bound) [--sft-max-seconds]."""
 
 
 @dataclass
@@ -255,6 +266,12 @@ class RetoolAppConfig:
         self._validate_dapo()
         if self.sft.lr_decay not in ("constant", "cosine"):
             raise ValueError(f"sft.lr_decay must be constant or cosine, got {self.sft.lr_decay!r}")
+        if not 0 <= self.sft.probe_target <= 1:
+            raise ValueError(f"sft.probe_target must be in [0, 1], got {self.sft.probe_target}")
+        if self.sft.probe_interval < 1 or self.sft.probe_size < 1 or self.sft.max_seconds < 0:
+            raise ValueError(
+                "sft.probe_interval, sft.probe_size must be >= 1, sft.max_seconds >= 0"
+            )
         if self.sft.num_steps < 0 or self.sft.global_batch_size < 1:
             raise ValueError("sft.num_steps must be >= 0 and sft.global_batch_size >= 1")
         if self.model.torch_threads < 0:

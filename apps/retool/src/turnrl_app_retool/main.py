@@ -40,7 +40,7 @@ from turnrl_app_retool.episodes import (
 )
 from turnrl_app_retool.rl import make_trainer, run_rl_stage
 from turnrl_app_retool.runlog import RunLogger
-from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, train_and_heldout
+from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, make_problems, train_and_heldout
 
 
 class Datasets:
@@ -50,10 +50,19 @@ class Datasets:
         d = config.data
         train, heldout = train_and_heldout(max(d.num_train_problems, d.num_sft_chats),
                                            d.num_val_problems, config.seed)  # fmt: skip
+        # Probe chats for SFT's stop (SFTStop), never trained on: the file's last chats, or
+        # generated problems of their own seed, in no other set.
+        self.probe_chats: list[list[dict[str, Any]]] = []
         if d.sft_path:
             self.sft_chats = load_retool_sft(d.sft_path)
+            if config.sft.probe_target:
+                cut = len(self.sft_chats) - config.sft.probe_size
+                self.sft_chats, self.probe_chats = self.sft_chats[:cut], self.sft_chats[cut:]
         else:  # SFT and RL share the generated training problems, never the held-out ones
             self.sft_chats = list(iter_sft_chats(train[: d.num_sft_chats], instruction))
+            seen = {p.expression for p in train + heldout}
+            probe = make_problems(config.sft.probe_size, config.seed * 2 + 3, exclude=seen)
+            self.probe_chats = list(iter_sft_chats(probe, instruction))
         if d.train_path:
             self.train = load_dapo_math(d.train_path, d.max_train_prompts)
         else:
@@ -93,31 +102,59 @@ def sft_lr(sft: SFTStageConfig, step: int) -> float:
     return floor + (sft.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def run_sft_stage(config: RetoolAppConfig, base: Path, chats: list[list[dict[str, Any]]],
-                  out: Path, console: Console, logger: RunLogger) -> tuple[Path, float]:  # fmt: skip
-    """Stage 1; returns the exported model folder and the last loss."""
+def run_sft_stage(
+    config: RetoolAppConfig,
+    base: Path,
+    datasets: Datasets,
+    out: Path,
+    console: Console,
+    logger: RunLogger,
+) -> tuple[Path, float]:
+    """Stage 1; returns the exported model folder and the last loss.
+
+    Runs ``sft.num_steps`` steps, or fewer when the probe target or the time bound is met
+    (``SFTStop``); why it stopped and every probe go to ``metrics.jsonl`` (``sft/probe``).
+    """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.training.sft import SFTConfig, SFTDataIterator, build_sft_example, run_sft
+    from turnrl.grpo_core.training.sft import (
+        SFTConfig,
+        SFTDataIterator,
+        SFTStop,
+        build_sft_example,
+        run_sft,
+    )
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
+    sft = config.sft
     tok = AutoTokenizer.from_pretrained(base)
     tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
-    examples = [build_sft_example(tok, chat, tools, config.sft.max_length) for chat in chats]
-    trainer = make_trainer(base, config, config.sft.lr, config.sft.micro_batch_size)
+    examples = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.sft_chats]
+    probe = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.probe_chats]
+    stop = SFTStop(probe, tok.pad_token_id, sft.probe_target, sft.probe_interval, sft.max_seconds)
+    trainer = make_trainer(base, config, sft.lr, sft.micro_batch_size)
     data = SFTDataIterator(len(examples), config.seed)
-    step_config = SFTConfig(num_steps=1, global_batch_size=config.sft.global_batch_size,
-                            seed=config.seed)  # fmt: skip
-    loss = float("nan")
+    step_config = SFTConfig(num_steps=1, global_batch_size=sft.global_batch_size, seed=config.seed)
+    loss, reason, step = float("nan"), None, 0
+    stop.start()
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("SFT", total=config.sft.num_steps)
-        for step in range(1, config.sft.num_steps + 1):
+        task = bar.add_task("SFT", total=sft.num_steps)
+        for step in range(1, sft.num_steps + 1):
             for group in trainer.optimizer.param_groups:
-                group["lr"] = sft_lr(config.sft, step)
+                group["lr"] = sft_lr(sft, step)
             metrics = run_sft(trainer, examples, step_config, tok.pad_token_id, data)[0]
             loss = float(metrics["loss"])
+            probes = len(stop.history)
+            reason = stop.check(trainer.hf_model, step)
+            if len(stop.history) > probes:
+                metrics["probe"] = stop.history[-1][1]
+                rate = metrics["probe"]
+                console.print(f"SFT step {step}: {rate:.2f} of {len(probe)} probe chats reproduced")
             logger.log(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, "sft")
             bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")
+            if reason:
+                break
+    console.print(f"SFT stopped after {step} steps: {reason or 'all steps done'}")
     trainer.export_hf(out)
     return out, loss
 
@@ -223,8 +260,8 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         policy = build_base_model(config, run_dir / "model" / "base")
         sft_loss = None
         if config.sft.enabled:
-            policy, sft_loss = run_sft_stage(config, policy, datasets.sft_chats,
-                                             run_dir / "model" / "sft", console, logger)  # fmt: skip
+            sft_dir = run_dir / "model" / "sft"
+            policy, sft_loss = run_sft_stage(config, policy, datasets, sft_dir, console, logger)
         phases["sft_s"] = time.perf_counter() - t0
         phases["sft_cpu_s"] = time.process_time()
         console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.sft import (
     SFTConfig,
     SFTDataIterator,
+    SFTStop,
     build_sft_example,
-    greedy_match_rate,
     run_sft,
 )
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
@@ -162,7 +161,9 @@ def sft_warm_up(
         f"{t.sft_steps} steps x {t.sft_batch_size}"
     )
     losses: list[float] = []
-    probes: list[tuple[int, float]] = []
+    stop = SFTStop(
+        probe, tok.pad_token_id, t.sft_probe_target, t.sft_probe_interval, t.sft_max_seconds
+    )
     columns = [
         TextColumn("SFT"),
         BarColumn(),
@@ -171,7 +172,8 @@ def sft_warm_up(
         TimeElapsedColumn(),
     ]
     total = t.sft_prefix_steps + t.sft_steps
-    start, stop_reason = time.perf_counter(), f"{total} steps"
+    reason: str | None = None
+    stop.start()
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("", total=total)
         for stage, (steps, pool, batch_size) in enumerate(stages):
@@ -186,31 +188,26 @@ def sft_warm_up(
                 progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
                 if not console.is_terminal and len(losses) % max(1, total // 10) == 0:
                     console.print(f"SFT step {len(losses)}/{total}  loss {losses[-1]:.3f}")
-                if t.sft_max_seconds and time.perf_counter() - start > t.sft_max_seconds:
-                    stop_reason = f"time bound {t.sft_max_seconds:g} s"
-                    break
-                if probe and stage == 1 and step % t.sft_probe_interval == 0:
-                    rate = greedy_match_rate(engine.hf_model, probe, tok.pad_token_id)
-                    probes.append((len(losses), rate))
+                probes = len(stop.history)
+                reason = stop.check(engine.hf_model, step, probe=stage == 1)
+                if len(stop.history) > probes:
                     console.print(
-                        f"SFT step {len(losses)}: probe {rate:.2f} of {len(probe)} "
-                        f"conversations reproduced (target {t.sft_probe_target:g})"
+                        f"SFT step {len(losses)}: {stop.history[-1][1]:.2f} of "
+                        f"{len(probe)} probe conversations reproduced"
                     )
-                    if rate >= t.sft_probe_target:
-                        stop_reason = f"probe {rate:.2f} >= {t.sft_probe_target:g}"
-                        break
-            else:
-                continue
-            break
-    console.print(f"SFT stopped after {len(losses)} steps: {stop_reason}")
+                if reason:
+                    break
+            if reason:
+                break
+    console.print(f"SFT stopped after {len(losses)} steps: {reason or 'all steps done'}")
     console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     folder = Path(engine.export_hf(run_dir / "model" / "sft"))
     record = {
         "steps": len(losses),
         "loss_first": losses[0],
         "loss_last": losses[-1],
-        "stop": stop_reason,
-        "probes": probes,
+        "stop": reason or "all steps done",
+        "probes": [(t.sft_prefix_steps + step, rate) for step, rate in stop.history],
     }
     (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
     return folder

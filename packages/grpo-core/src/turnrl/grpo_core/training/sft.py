@@ -18,8 +18,9 @@ shuffled order whose position is saved with checkpoints.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -266,3 +267,52 @@ def greedy_match_rate(
     finally:
         model.train(was_training)
     return hits / len(scored)
+
+
+@dataclass
+class SFTStop:
+    """When an SFT stage ends before its step count: a probe target or a time bound.
+
+    Call :meth:`start` when the stage begins and :meth:`check` after every step; with
+    neither a target nor a bound set it never stops a stage (a fixed step count).
+    """
+
+    probe: Sequence[SFTExample] = ()
+    """Probe conversations for :func:`greedy_match_rate` (not trained on)."""
+    pad_id: int = 0
+    """Padding id of the tokenizer."""
+    target: float = 0.0
+    """Stop once the probe rate reaches this (0: never probe)."""
+    interval: int = 25
+    """Steps between probes."""
+    max_seconds: float = 0.0
+    """Stop after this many seconds of the stage (0: no bound)."""
+    history: list[tuple[int, float]] = field(default_factory=list)
+    """``(step, rate)`` of every probe so far."""
+    _start: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.target <= 1:
+            raise ValueError(f"target must be in [0, 1], got {self.target}")
+        if self.target and not self.probe:
+            raise ValueError("a probe target needs probe examples")
+        if self.interval < 1 or self.max_seconds < 0:
+            raise ValueError("interval must be >= 1 and max_seconds >= 0")
+
+    def start(self) -> None:
+        """Begin the time bound."""
+        self._start = time.perf_counter()
+
+    def check(self, model: torch.nn.Module, step: int, probe: bool = True) -> str | None:
+        """The reason to stop after ``step`` (1-based, within the stage), or None.
+
+        ``probe=False`` checks only the time bound (e.g. in a curriculum's first stage).
+        """
+        if self.max_seconds and time.perf_counter() - self._start > self.max_seconds:
+            return f"time bound {self.max_seconds:g} s"
+        if probe and self.target and step % self.interval == 0:
+            rate = greedy_match_rate(model, self.probe, self.pad_id)
+            self.history.append((step, rate))
+            if rate >= self.target:
+                return f"probe {rate:.2f} >= {self.target:g}"
+        return None
