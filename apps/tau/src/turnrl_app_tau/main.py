@@ -49,7 +49,13 @@ from turnrl_app_tau.report import (
     verdict,
     write_summary,
 )
-from turnrl_app_tau.training import build_policy, make_trainer, make_user_factory, sft_warm_up
+from turnrl_app_tau.training import (
+    SFT_DONE,
+    build_policy,
+    make_trainer,
+    make_user_factory,
+    sft_warm_up,
+)
 
 
 def check_supported(config: TauAppConfig) -> None:
@@ -190,7 +196,12 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
     )
     phases, scalars = Phases(), Scalars(run_dir)
     servers: list[EngineServer] = []
-    summary: dict[str, Any] = {"command": command, "preset": config.preset, "run_dir": str(run_dir)}
+    summary: dict[str, Any] = {
+        "command": command,
+        "preset": config.preset,
+        "run_dir": str(run_dir),
+        "algorithm": config.loop.algorithm,
+    }
     try:
         with phases("data"):
             data = load_tasks_and_domain(config.tau)
@@ -208,6 +219,8 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
             if command == "train":
                 with phases("sft"):
                     policy = sft_warm_up(config, base, data, tools, run_dir, reuse=resume)
+                if (policy / SFT_DONE).is_file():  # steps, why SFT stopped, its probes
+                    summary["sft"] = json.loads((policy / SFT_DONE).read_text())
             else:  # eval scores the model as given (--hf-checkpoint, or the tiny base)
                 policy = base
         finally:
@@ -229,6 +242,8 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
     after = summary.get("after", summary.get("eval"))
     column = "after RL" if command == "train" else "evaluation"
     console.print(final_table(summary.get("before"), after, phases.seconds, column))
+    if command == "train":
+        console.print(f"RL algorithm: {summary['algorithm']}")
     if command == "train":
         summary["verdict"] = verdict(summary.get("before"), summary.get("after"))
         console.print(f"[bold]{summary['verdict']}[/bold]")

@@ -79,6 +79,16 @@ class LoopConfig:
             )
 
     @property
+    def algorithm(self) -> str:
+        """What the advantages are, by name (for summaries): the estimator, or the raw reward
+        when normalisation is off (REINFORCE with no baseline, whatever the estimator says)."""
+        if not self.rewards_normalization:
+            return "raw reward (no baseline)"
+        if self.advantage_estimator in ("grpo", "gspo") and not self.grpo_std_normalization:
+            return f"{self.advantage_estimator} without std normalisation"
+        return self.advantage_estimator
+
+    @property
     def samples_per_step(self) -> int:
         """Samples generated per step (prompts x samples per prompt)."""
         return self.rollout_batch_size * self.n_samples_per_prompt
