@@ -239,3 +239,10 @@ async def test_disk_weight_sync_refuses_an_unconfirmed_version(tmp_path: Path) -
         assert engine.reloads == [str(tmp_path / "v1")]
     finally:
         await engine.stop()
+
+
+def test_algorithm_names_what_the_advantages_are() -> None:
+    assert LoopConfig().algorithm == "grpo"
+    assert LoopConfig(advantage_estimator="rloo").algorithm == "rloo"
+    assert LoopConfig(rewards_normalization=False).algorithm == "raw reward (no baseline)"
+    assert LoopConfig(grpo_std_normalization=False).algorithm == "grpo without std normalisation"

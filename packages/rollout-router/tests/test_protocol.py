@@ -44,7 +44,7 @@ class ForeignSampling:
 
 def test_foreign_sampling_object_converts_field_by_field():
     body = sampling_to_vllm(ForeignSampling())
-    assert body == {"temperature": 0.0, "top_p": 0.9, "max_tokens": 4, "logprobs": 0,
+    assert body == {"temperature": 0.0, "top_p": 0.9, "top_k": -1, "max_tokens": 4, "logprobs": 0,
                     "ignore_eos": False, "skip_special_tokens": False, "stop": ["\n"],
                     "stop_token_ids": [7], "seed": 11}  # fmt: skip
 
