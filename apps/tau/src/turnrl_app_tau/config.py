@@ -389,10 +389,10 @@ def cpu_default() -> TauAppConfig:
             rollout_max_context_len=4096,
             rollout_temperature=1.0,
             max_turns=8,
-            max_inflight=16,
+            max_inflight=32,
             short_tools=True,
             tools_in_prompt=False,
-            vllm_server_concurrency=16,
+            vllm_server_concurrency=32,
             tau_reward="task",
             engine_extra_args=["--enforce-eager"],
         ),
@@ -418,6 +418,9 @@ def cpu_default() -> TauAppConfig:
             policy_in_prompt=False,
             eval_trials=8,
             eval_temperature=1.0,
+            # Every episode of a step (32) or 32 evaluation episodes in flight: the engine's
+            # throughput grows with the batch (~1.5x from 16 to 64 sequences on 2 cores).
+            eval_concurrency=32,
         ),
     )
 
