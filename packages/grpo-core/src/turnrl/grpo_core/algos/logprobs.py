@@ -115,7 +115,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         safe = torch.where(valid, labels, torch.zeros_like(labels))
         for start in range(0, n, chunk_size):
             sl = slice(start, start + chunk_size)
-            z, _ = _chunk_logits(hidden[sl], weight, temperature, top_p, top_k, safe[sl])
+            z, keep = _chunk_logits(hidden[sl], weight, temperature, top_p, top_k, safe[sl])
             picked_z = z.gather(1, safe[sl, None]).squeeze(1)
             logp_all = torch.log_softmax(z, dim=-1)
             del z  # at most two [chunk, V] fp32 buffers live at once
@@ -123,7 +123,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
             logp[sl] = torch.where(valid[sl], picked, torch.zeros_like(picked))
             lse[sl] = picked_z - picked  # log-normaliser: z_y - log p_y
             if with_entropy:
-                entropy[sl] = torch.special.entr(logp_all.exp_()).sum(dim=-1)
+                p = logp_all.exp()
+                if keep is not None:  # p is 0 there; keep -inf out of the product
+                    logp_all.masked_fill_(~keep, 0.0)
+                entropy[sl] = -p.mul_(logp_all).sum(dim=-1)
+                del p
             del logp_all
         ctx.save_for_backward(hidden, weight, safe, valid, lse, entropy)
         ctx.chunk_size = chunk_size
