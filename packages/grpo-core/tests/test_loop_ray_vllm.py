@@ -57,6 +57,9 @@ def test_ray_loop_with_a_vllm_engine_serves_the_trained_weights(tmp_path: Path) 
         python=str(python),
         dtype="float32",
         max_model_len=256,
+        # The trainer scores the full vocabulary; the engine samples among CANDIDATES only
+        # (allowed_token_ids), whose processed log-probs are renormalised over those 8.
+        logprobs_mode="raw_logprobs",
         extra_args=["--enforce-eager"],
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
         health_timeout=600,
