@@ -257,7 +257,7 @@ def naive_logprobs(
     top_p: float = 1.0,
     top_k: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: full logits, fp32 log-softmax and gather (materialises `[N, V]`).
+    """Reference: full logits, fp32 (fp64 for fp64 inputs) log-softmax and gather (materialises `[N, V]`).
 
     Args:
         hidden: `[..., H]` hidden states.
@@ -268,9 +268,10 @@ def naive_logprobs(
         top_k: Kept tokens (-1 = off).
 
     Returns:
-        `(logp, entropy)` fp32, shaped like `labels`.
+        `(logp, entropy)` fp32 (fp64 for fp64 inputs), shaped like `labels`.
     """
-    logits = (hidden @ weight.T).float() / temperature
+    logits = hidden @ weight.T
+    logits = logits.to(_compute_dtype(logits.dtype)) / temperature
     index = labels.long().unsqueeze(-1)
     keep = sampling_keep_mask(logits, top_p, top_k)
     if keep is not None:
