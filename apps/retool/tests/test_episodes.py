@@ -27,7 +27,7 @@ from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import Generation, SamplingParams
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
-from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox
 
 
 class ScriptedPolicy:
@@ -65,7 +65,7 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
 
 @pytest.fixture(scope="module")
 def sandbox_client():
-    with EmbeddedSandbox() as sandbox:
+    with EmbeddedSandbox(*TEST_SERVER_ARGS) as sandbox:
         yield SandboxClient(SandboxClientConfig(url=sandbox.url))
 
 

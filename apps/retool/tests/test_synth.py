@@ -85,10 +85,10 @@ def test_sft_loss_only_on_assistant_tokens_never_on_interpreter_output(tokenizer
 def test_tool_message_is_what_the_sandbox_prints() -> None:
     """The generated interpreter output equals a real run of the chat's code (embedded sandbox)."""
     from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
-    from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+    from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox
 
     problems = make_problems(3, seed=11)
-    with EmbeddedSandbox() as sandbox:
+    with EmbeddedSandbox(*TEST_SERVER_ARGS) as sandbox:
         client = SandboxClient(SandboxClientConfig(url=sandbox.url))
         for p in problems:
             chat = sft_chat(p, DEFAULT_INSTRUCTION)

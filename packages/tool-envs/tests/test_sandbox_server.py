@@ -149,7 +149,7 @@ def test_non_loopback_bind_requires_a_token():
 
 
 def test_token_is_required_and_two_workers_share_the_load():
-    with EmbeddedSandbox("--workers", "2", token="s3cret") as server:
+    with EmbeddedSandbox(*TEST_SERVER_ARGS, "--workers", "2", token="s3cret") as server:
         body = {"code": "print(1)", "language": "python"}
         assert requests.post(f"{server.url}/run_code", json=body, timeout=30).status_code == 401
         wrong = {"Authorization": "Bearer nope"}
@@ -172,7 +172,7 @@ def test_token_is_required_and_two_workers_share_the_load():
 
 
 def test_exec_mode_runs_a_fresh_interpreter():
-    with EmbeddedSandbox("--python-mode", "exec") as server:
+    with EmbeddedSandbox(*TEST_SERVER_ARGS, "--python-mode", "exec") as server:
         body = {"code": "import sys\nprint('numpy' in sys.modules)", "language": "python"}
         answer = requests.post(f"{server.url}/run_code", json=body, timeout=30).json()
         assert answer["run_result"]["stdout"] == "False\n", answer

@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-sft", action="store_true", help="skip the SFT stage")
     parser.add_argument("--no-rl", action="store_true", help="skip the RL stage")
     parser.add_argument("--use-kl-loss", action="store_true", help="add the KL loss")
+    parser.add_argument(
+        "--sandbox-insecure",
+        action="store_true",
+        help="let the embedded sandbox run code it cannot contain (not root)",
+    )
     parser.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
                         help="DAPO dynamic sampling filter on/off (default: the preset's)")  # fmt: skip
     parser.add_argument("--tool-schema-in-prompt", action=argparse.BooleanOptionalAction,
@@ -107,6 +112,8 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
         config.data.val_paths = list(args.val_data)
     if args.no_sft:
         config.sft.enabled = False
+    if args.sandbox_insecure:
+        config.sandbox.insecure = True
     if args.no_rl:
         config.rl.enabled = False
     if args.tool_schema_in_prompt is not None:

@@ -187,6 +187,9 @@ class SandboxConfig:
 
     url: str | None = None
     """External SandboxFusion server [--sandbox-url]; None starts turnrl's embedded sandbox."""
+    insecure: bool = False
+    """Let the embedded sandbox serve where it cannot contain runs (not root, no
+    namespaces) [--sandbox-insecure]; otherwise it refuses to start there."""
     run_timeout: float = 30.0
     """Seconds per code run (the recipe's default)."""
     memory_limit_mb: int = 1024
@@ -284,6 +287,10 @@ class RetoolAppConfig:
             ("http://", "https://")
         ):
             raise ValueError(f"--sandbox-url must be an http(s) URL, got {self.sandbox.url!r}")
+        if self.sandbox.url is not None and self.sandbox.insecure:
+            raise ValueError(
+                "--sandbox-insecure applies to the embedded sandbox, not --sandbox-url"
+            )
         if self.engine.device != "cpu" and self.model.hf_checkpoint is None:
             raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
         return self

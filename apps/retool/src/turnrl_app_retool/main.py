@@ -167,7 +167,7 @@ def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
         return
     from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
 
-    with EmbeddedSandbox() as sandbox:
+    with EmbeddedSandbox(*(["--insecure"] if config.sandbox.insecure else [])) as sandbox:
         yield sandbox.url
 
 

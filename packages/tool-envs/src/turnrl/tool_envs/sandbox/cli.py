@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-processes", type=int, default=SandboxLimits.max_processes)
     serve.add_argument("--max-output-bytes", type=int, default=SandboxLimits.max_output_bytes)
     serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve even where runs cannot be contained (not root, no namespaces, unreadable "
+        "interpreter); prints a warning, /v1/ping names the gaps. Only for code you trust",
+    )
+    serve.add_argument(
         "--base-uid",
         type=int,
         default=None,
@@ -45,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run it."""
     args = _parser().parse_args(argv)
-    from turnrl.tool_envs.sandbox.server import serve  # aiohttp only when serving
+    from turnrl.tool_envs.sandbox.server import ContainmentError, serve  # aiohttp when serving
 
     base_uid = args.base_uid
     if base_uid is None:
@@ -57,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         serve(args.host, args.port, token=args.token, workers=args.workers, slots=args.slots,
-              python_mode=args.python_mode, config=config)  # fmt: skip
-    except ValueError as exc:
+              python_mode=args.python_mode, config=config, insecure=args.insecure)  # fmt: skip
+    except (ValueError, ContainmentError) as exc:
         sys.exit(f"turnrl-sandbox: {exc}")
 
 

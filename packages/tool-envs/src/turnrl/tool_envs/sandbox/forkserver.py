@@ -24,7 +24,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from turnrl.tool_envs.sandbox import child, limits, wire
@@ -70,7 +70,7 @@ class ForkServer:
         self.sock = sock
         self.config = config
         self.python_mode = python_mode
-        self.isolation = limits.probe_isolation(config.base_uid)
+        self.isolation = limits.probe_isolation()
         limits.enter_empty_network_namespace(self.isolation)
         self.own_pid_ns = limits.probe_pid_namespace(self.isolation)
         first_uid = config.base_uid + worker_index * slots
@@ -79,6 +79,7 @@ class ForkServer:
         self.root = tempfile.mkdtemp(prefix="turnrl-sandbox-")
         os.chmod(self.root, 0o711)
         limits.enter_private_mounts(self.isolation, self.root, config.tmpfs_mb)
+        limits.check_interpreter(self.isolation, first_uid)
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
         self.queue: list[dict[str, Any]] = []
@@ -92,13 +93,8 @@ class ForkServer:
         """Answer requests until the socket closes, then kill every run and clean up."""
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ, ("control", None))
-        self._send({"ready": True, "isolation": {
-            "setuid": self.isolation.setuid, "pid_namespace": self.isolation.pid_namespace,
-            "net_namespace": self.isolation.net_namespace,
-            "private_mounts": self.isolation.private_mounts,
-            "read_all_files": self.isolation.read_all_files, "notes": self.isolation.notes,
-            "runs_dir": self.root, "uids": list(self.uid_range),
-        }})  # fmt: skip
+        isolation = {**asdict(self.isolation), "runs_dir": self.root, "uids": list(self.uid_range)}
+        self._send({"ready": True, "isolation": isolation})
         try:
             while not (self.stopping and not self.runs):
                 self._poll()

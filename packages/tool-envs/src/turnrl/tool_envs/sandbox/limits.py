@@ -13,10 +13,15 @@ kernel and user allow. What is enforced where (as root on Linux):
 * no network: the fork server lives in a new, empty network namespace (loopback down);
 * files: the fork server's mount namespace has every file system read-only except a
   private tmpfs holding the run directories; a run's uid owns only its own directory;
-  ``RLIMIT_FSIZE`` caps file size.
+  ``RLIMIT_FSIZE`` caps file size;
+* reads: home directories (``/root``, ``/home``, the server's ``$HOME``) are covered by
+  empty tmpfs mounts, and only the interpreter's own trees (prefixes, ``sys.path``) are
+  bound back at their paths; no capability that bypasses file permissions is kept, so
+  ``/etc/shadow``, keys and credentials stay unreadable.
 
 Without root (or without namespaces) the fork server falls back to process-group kills and
-reports which protections are missing in ``GET /v1/ping`` and its start-up log.
+reports which protections are missing in ``GET /v1/ping`` and its start-up log; the HTTP
+server then refuses to start unless told ``--insecure`` (:func:`containment_gaps`).
 """
 
 from __future__ import annotations
@@ -72,9 +77,13 @@ class Isolation:
     """The fork server and its runs live in a network namespace with no interfaces up."""
     private_mounts: bool = False
     """The fork server and its runs see ``/`` read-only and a private tmpfs on ``/tmp``."""
+    homes_hidden: bool = False
+    """Every home directory looks empty to runs, but for the interpreter's trees bound back."""
+    hidden_paths: list[str] = field(default_factory=list)
+    """The home directories so covered."""
     read_all_files: bool = False
-    """Runs keep ``CAP_DAC_READ_SEARCH`` because the interpreter is unreadable to other uids
-    (e.g. installed in root's home directory): they can read any file, but still write only their own."""
+    """Runs keep ``CAP_DAC_READ_SEARCH`` because the interpreter stayed unreadable to other
+    uids even after hiding: they can read any file (only with ``--insecure``)."""
     notes: list[str] = field(default_factory=list)
     """Why a protection is missing, for the start-up log and ``/v1/ping``."""
 
@@ -103,6 +112,7 @@ def enter_empty_network_namespace(isolation: Isolation) -> None:
 
 
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 
 def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
@@ -144,6 +154,7 @@ def enter_private_mounts(isolation: Isolation, runs_dir: str, tmpfs_mb: int) -> 
     try:
         unshare(CLONE_NEWNS)
         _mount("none", "/", "", _MS_REC | _MS_PRIVATE)
+        hide_home_directories(isolation, [runs_dir])
         _mount("tmpfs", runs_dir, "tmpfs", 0, f"mode=0711,size={tmpfs_mb}m")
         if os.path.isdir("/dev/shm"):
             _mount("tmpfs", "/dev/shm", "tmpfs", _MS_RDONLY, "mode=0755,size=4k")
@@ -165,6 +176,87 @@ def enter_private_mounts(isolation: Isolation, runs_dir: str, tmpfs_mb: int) -> 
     isolation.private_mounts = True
 
 
+def home_directories() -> list[str]:
+    """Directories that hold users' private files: ``/root``, ``/home``, the server's ``$HOME``."""
+    found: list[str] = []
+    for path in ("/root", "/home", os.path.expanduser("~")):
+        path = os.path.realpath(path)
+        if path != "/" and os.path.isdir(path) and path not in found:
+            found.append(path)
+    return _outermost(found)
+
+
+def interpreter_trees() -> list[str]:
+    """What a run's interpreter reads: its prefixes and every ``sys.path`` directory.
+
+    ``sys.path[0]`` of ``python -m`` (the server's working directory) is left out.
+    """
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    paths.append(os.path.dirname(os.path.realpath(sys.executable)))
+    cwd = os.path.realpath(os.getcwd())
+    for entry in sys.path:
+        if entry and os.path.exists(entry) and os.path.realpath(entry) != cwd:
+            paths.append(entry if os.path.isdir(entry) else os.path.dirname(entry))
+    return _outermost([os.path.realpath(p) for p in paths])
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    kept: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(_inside(path, k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def hide_home_directories(isolation: Isolation, keep: list[str]) -> None:
+    """Cover each home directory with an empty tmpfs, then bind back what runs need.
+
+    Kept are the interpreter's trees and ``keep`` (the runs directory), each at its own path;
+    a home directory that is itself needed (the interpreter's prefix is ``/home``) stays
+    visible, with a note. Called in the fork server's new mount namespace, as root.
+    """
+    needed = _outermost(interpreter_trees() + [os.path.realpath(k) for k in keep])
+    for home in home_directories():
+        if any(_inside(home, n) for n in needed):
+            isolation.notes.append(f"{home} not hidden: the interpreter or runs live there")
+            continue
+        inner = [n for n in needed if _inside(n, home)]
+        fds = [os.open(n, _O_PATH | os.O_CLOEXEC) for n in inner]  # reachable once covered
+        try:
+            _mount("tmpfs", home, "tmpfs", 0, "mode=0755,size=1m")
+            for path, fd in zip(inner, fds, strict=True):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, "", _MS_BIND | _MS_REC)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        isolation.hidden_paths.append(home)
+    isolation.homes_hidden = len(isolation.hidden_paths) == len(home_directories())
+
+
+def check_interpreter(isolation: Isolation, uid: int) -> None:
+    """After hiding: keep ``CAP_DAC_READ_SEARCH`` only if runs could not load Python otherwise."""
+    if isolation.setuid and not interpreter_readable_by(uid):
+        isolation.read_all_files = True
+        isolation.notes.append(
+            "the Python installation is unreadable to unprivileged uids; runs keep "
+            "CAP_DAC_READ_SEARCH (they can read any file, writes stay confined)"
+        )
+
+
+def containment_gaps(isolation: dict[str, object]) -> list[str]:
+    """The protections a fork server reported missing (empty when it contains fully)."""
+    names = ("setuid", "pid_namespace", "net_namespace", "private_mounts", "homes_hidden")
+    gaps = [name for name in names if not isolation.get(name)]
+    if isolation.get("read_all_files"):
+        gaps.append("read_all_files")
+    return gaps
+
+
 def probe_pid_namespace(isolation: Isolation) -> int | None:
     """Check that runs can get their own PID namespace; return an fd of ours to switch back."""
     try:
@@ -178,17 +270,11 @@ def probe_pid_namespace(isolation: Isolation) -> int | None:
     return own
 
 
-def probe_isolation(probe_uid: int = SandboxLimits.base_uid) -> Isolation:
-    """Probe uid switching; namespaces are probed by the fork server itself."""
+def probe_isolation() -> Isolation:
+    """Probe uid switching; namespaces and the interpreter are probed by the fork server."""
     isolation = Isolation()
     if os.geteuid() == 0:
         isolation.setuid = True
-        if not interpreter_readable_by(probe_uid):
-            isolation.read_all_files = True
-            isolation.notes.append(
-                "the Python installation is unreadable to unprivileged uids; runs keep "
-                "CAP_DAC_READ_SEARCH (they can read any file, writes stay confined)"
-            )
     else:
         isolation.notes.append(
             "not root: runs keep the server's uid (no per-run process limit, writes outside "

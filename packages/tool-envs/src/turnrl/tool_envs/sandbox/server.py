@@ -34,7 +34,7 @@ from aiohttp import web
 
 from turnrl.tool_envs.sandbox import wire
 from turnrl.tool_envs.sandbox.child import LANGUAGES
-from turnrl.tool_envs.sandbox.limits import SandboxLimits
+from turnrl.tool_envs.sandbox.limits import SandboxLimits, containment_gaps
 
 _FORKSERVER_START_TIMEOUT_S = 60.0
 
@@ -70,6 +70,7 @@ class ForkServerHandle:
         if not hello or not hello.get("ready"):
             raise RuntimeError(f"fork server {self.index} failed to start")
         self.isolation = hello["isolation"]
+        self.isolation["gaps"] = containment_gaps(self.isolation)
         self._reader_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
@@ -191,15 +192,25 @@ def shape_response(result: dict[str, Any], pod: str) -> dict[str, Any]:
             "files": result["files"]}  # fmt: skip
 
 
+class ContainmentError(RuntimeError):
+    """The fork servers cannot contain runs here, and ``insecure`` was not given."""
+
+
 class SandboxServer:
-    """The aiohttp application and its fork servers."""
+    """The aiohttp application and its fork servers.
+
+    It refuses to start where a fork server lacks a protection (``containment_gaps``), unless
+    ``insecure``: then it serves with a warning on stderr and the gaps in ``/v1/ping``.
+    """
 
     def __init__(self, config: SandboxLimits | None = None, workers: int = 1, slots: int = 64,
-                 token: str | None = None, python_mode: str = "fork") -> None:  # fmt: skip
+                 token: str | None = None, python_mode: str = "fork",
+                 insecure: bool = False) -> None:  # fmt: skip
         if workers < 1 or slots < 1:
             raise ValueError("workers and slots must be at least 1")
         self.config = config or SandboxLimits()
         self.token = token
+        self.insecure = insecure
         self.pod = f"turnrl-sandbox-{socket.gethostname()}-{os.getpid()}"
         self.forkservers = [
             ForkServerHandle(i, self.config, slots, python_mode) for i in range(workers)
@@ -217,6 +228,19 @@ class SandboxServer:
 
     async def _start(self, _app: web.Application) -> None:
         await asyncio.gather(*(f.start() for f in self.forkservers))
+        isolation = self.forkservers[0].isolation
+        if not isolation["gaps"]:
+            return
+        why = f"runs would not be contained (missing: {', '.join(isolation['gaps'])}): " + (
+            "; ".join(isolation["notes"]) or "see /v1/ping"
+        )
+        if not self.insecure:
+            await self._stop(_app)
+            raise ContainmentError(
+                f"{why}. Run the server as root on Linux with namespaces, or pass --insecure "
+                "to serve anyway (only for code you trust)"
+            )
+        print(f"turnrl-sandbox: WARNING --insecure: {why}", file=sys.stderr, flush=True)
 
     async def _stop(self, _app: web.Application) -> None:
         await asyncio.gather(*(f.stop() for f in self.forkservers))
@@ -231,9 +255,9 @@ class SandboxServer:
 
     async def ping(self, _request: web.Request) -> web.Response:
         """``pong`` as SandboxFusion answers, plus what each fork server could isolate."""
-        return web.json_response(
-            {"status": "pong", "isolation": [f.isolation for f in self.forkservers]}
-        )
+        isolation = [f.isolation for f in self.forkservers]
+        contained = not any(i.get("gaps") for i in isolation)
+        return web.json_response({"status": "pong", "contained": contained, "isolation": isolation})
 
     async def run_code(self, request: web.Request) -> web.Response:
         """SandboxFusion's ``/run_code``."""
@@ -264,10 +288,10 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, token: str | None = None, workers: int = 1,
-          slots: int = 64, python_mode: str = "fork", config: SandboxLimits | None = None) -> None:  # fmt: skip
+          slots: int = 64, python_mode: str = "fork", config: SandboxLimits | None = None,
+          insecure: bool = False) -> None:  # fmt: skip
     """Run the server until interrupted."""
     check_bind(host, token)
-    server = SandboxServer(
-        config, workers=workers, slots=slots, token=token, python_mode=python_mode
-    )
+    server = SandboxServer(config, workers=workers, slots=slots, token=token,
+                           python_mode=python_mode, insecure=insecure)  # fmt: skip
     web.run_app(server.app(), host=host, port=port, access_log=None, print=None)
