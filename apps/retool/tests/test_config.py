@@ -74,6 +74,7 @@ def test_presets_are_fresh_objects() -> None:
     [
         (["--global-batch-size", "7"], "multiple of global_batch_size"),
         (["--sandbox-url", "sandbox:8080"], "http"),
+        (["--sandbox-url", "http://sandbox:8080", "--sandbox-insecure"], "embedded sandbox"),
         (["--device", "tpu"], "cpu, gpu or npu"),
         (["--device", "npu"], "--hf-checkpoint"),
         (["--n-val-samples", "0"], "eval.n"),

@@ -76,6 +76,7 @@ def run_child(plan: ChildPlan) -> None:
         limits.apply_rlimits(plan.limits, plan.cpu_seconds, base + plan.memory_bytes)
         if plan.uid is not None:
             limits.drop_privileges(plan.uid, plan.keep_read_search)
+        set_parent_death_signal()  # after the uid change, which clears it: dies with its server
         env = limits.scrubbed_env(plan.workdir)
         script = main_file(plan.language)
         if plan.language == "bash":
@@ -178,7 +179,7 @@ def preload(modules: list[str]) -> None:
 
 
 def set_parent_death_signal() -> None:
-    """Have the kernel kill this process when its parent (the HTTP server) dies."""
+    """Have the kernel kill this process when its parent (HTTP server or fork server) dies."""
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

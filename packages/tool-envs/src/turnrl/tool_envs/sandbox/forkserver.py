@@ -94,6 +94,7 @@ class ForkServer:
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ, ("control", None))
         isolation = {**asdict(self.isolation), "runs_dir": self.root, "uids": list(self.uid_range)}
+        isolation["pid"] = os.getpid()
         self._send({"ready": True, "isolation": isolation})
         try:
             while not (self.stopping and not self.runs):

@@ -50,19 +50,36 @@ class ForkServerHandle:
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.isolation: dict[str, Any] = {}
         self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        """Times the fork server died and was started again (in ``/v1/ping`` and the log)."""
+        self.stopping = False
+        self.alive = False
+        self._restart_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._reader_task: asyncio.Task[None] | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._restart_lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Start the process and wait until it has imported its modules and probed isolation."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {k: v for k, v in os.environ.items() if k != "TURNRL_SANDBOX_TOKEN"}
         env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "turnrl.tool_envs.sandbox.forkserver",
-               "--fd", str(theirs.fileno()), "--config", json.dumps(asdict(self.config)),
-               "--slots", str(self.slots), "--python-mode", self.python_mode,
-               "--worker-index", str(self.index)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnrl.tool_envs.sandbox.forkserver",
+            "--fd",
+            str(theirs.fileno()),
+            "--config",
+            json.dumps(asdict(self.config)),
+            "--slots",
+            str(self.slots),
+            "--python-mode",
+            self.python_mode,
+            "--worker-index",
+            str(self.index),
+        ]
         self.process = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
@@ -71,9 +88,11 @@ class ForkServerHandle:
             raise RuntimeError(f"fork server {self.index} failed to start")
         self.isolation = hello["isolation"]
         self.isolation["gaps"] = containment_gaps(self.isolation)
+        self.isolation["restarts"] = self.restarts
         self._reader_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        self.alive = True
         while True:
             message = await _read_message(reader)
             if message is None:
@@ -81,15 +100,57 @@ class ForkServerHandle:
             future = self.pending.pop(message["id"], None)
             if future is not None and not future.done():
                 future.set_result(message)
+        self.alive = False
         for future in self.pending.values():
             if not future.done():
-                future.set_exception(RuntimeError(f"fork server {self.index} exited"))
+                future.set_exception(RuntimeError(f"fork server {self.index} died during the run"))
         self.pending.clear()
+        if not self.stopping:
+            code = await asyncio.to_thread(self.process.wait) if self.process else None
+            print(
+                f"turnrl-sandbox: fork server {self.index} died (exit code {code}); restarting it",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._restart_task = asyncio.create_task(self._restart_quietly())
+
+    async def _restart_quietly(self) -> None:
+        try:
+            await self._ensure_running()
+        except (OSError, RuntimeError, TimeoutError) as exc:  # the next request tries again
+            print(
+                f"turnrl-sandbox: restarting fork server {self.index} failed: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def _ensure_running(self) -> None:
+        """Start a new fork server in place of a dead one (one restart at a time)."""
+        async with self._restart_lock:
+            if self.alive or self.stopping:
+                return
+            if self._writer is not None:
+                self._writer.close()
+            self._remove_runs_dir()
+            self.restarts += 1
+            await self.start()
 
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run one request; raises RuntimeError when the fork server is gone."""
-        if self._writer is None or self._reader_task is None or self._reader_task.done():
-            raise RuntimeError(f"fork server {self.index} is not running")
+        """Run one request, first restarting a dead fork server.
+
+        Raises:
+            RuntimeError: the fork server died during the run, or cannot be started again.
+        """
+        if not self.alive:
+            if self.stopping:
+                raise RuntimeError(f"fork server {self.index} is stopping")
+            try:
+                await self._ensure_running()
+            except (OSError, RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(
+                    f"fork server {self.index} could not be restarted: {exc}"
+                ) from exc
+        assert self._writer is not None
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.pending[request_id] = future
@@ -99,6 +160,7 @@ class ForkServerHandle:
 
     async def stop(self) -> None:
         """Close the socket (the fork server then kills its runs and exits) and wait for it."""
+        self.stopping = True
         if self._writer is not None:
             self._writer.close()
         if self.process is not None:
@@ -107,16 +169,18 @@ class ForkServerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 await asyncio.to_thread(self.process.wait)
-        runs_dir = self.isolation.get("runs_dir")
-        if (
-            runs_dir
-        ):  # the fork server's private tmpfs was mounted on it; only the empty dir is left
-            with contextlib.suppress(OSError):
-                os.rmdir(runs_dir)
+        self._remove_runs_dir()
         if self._reader_task is not None:
             self._reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader_task
+
+    def _remove_runs_dir(self) -> None:
+        """The fork server's private tmpfs was mounted on it; only the empty folder is left."""
+        runs_dir = self.isolation.get("runs_dir")
+        if runs_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(runs_dir)
 
 
 async def _read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
@@ -163,15 +227,28 @@ def parse_request(body: Any, config: SandboxLimits) -> dict[str, Any]:
     fetch = body.get("fetch_files") or []
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
         raise RequestError("fetch_files must be a list of paths")
-    return {"code": code, "language": language, "run_timeout": float(run_timeout),
-            "memory_mb": memory, "stdin": stdin, "files": files, "fetch_files": fetch}  # fmt: skip
+    return {
+        "code": code,
+        "language": language,
+        "run_timeout": float(run_timeout),
+        "memory_mb": memory,
+        "stdin": stdin,
+        "files": files,
+        "fetch_files": fetch,
+    }
 
 
 def shape_response(result: dict[str, Any], pod: str) -> dict[str, Any]:
     """Turn a fork server's answer into SandboxFusion's RunCodeResponse."""
     if "error" in result:
-        return {"status": "SandboxError", "message": result["error"], "compile_result": None,
-                "run_result": None, "executor_pod_name": pod, "files": {}}  # fmt: skip
+        return {
+            "status": "SandboxError",
+            "message": result["error"],
+            "compile_result": None,
+            "run_result": None,
+            "executor_pod_name": pod,
+            "files": {},
+        }
     timed_out = result["timed_out"]
     run_status = "TimeLimitExceeded" if timed_out else "Finished"
     notes = []
@@ -182,14 +259,28 @@ def shape_response(result: dict[str, Any], pod: str) -> dict[str, Any]:
     for stream in ("stdout", "stderr"):
         if result[f"{stream}_truncated"]:
             notes.append(f"{stream} truncated to {len(result[stream].encode())} bytes")
-    run_result = {key: result[key] for key in (
-        "execution_time", "cpu_time", "return_code", "stdout", "stderr",
-        "stdout_truncated", "stderr_truncated")}  # fmt: skip
+    run_result = {
+        key: result[key]
+        for key in (
+            "execution_time",
+            "cpu_time",
+            "return_code",
+            "stdout",
+            "stderr",
+            "stdout_truncated",
+            "stderr_truncated",
+        )
+    }
     run_result["status"] = run_status
     ok = not timed_out and result["return_code"] == 0
-    return {"status": "Success" if ok else "Failed", "message": "; ".join(notes),
-            "compile_result": None, "run_result": run_result, "executor_pod_name": pod,
-            "files": result["files"]}  # fmt: skip
+    return {
+        "status": "Success" if ok else "Failed",
+        "message": "; ".join(notes),
+        "compile_result": None,
+        "run_result": run_result,
+        "executor_pod_name": pod,
+        "files": result["files"],
+    }
 
 
 class ContainmentError(RuntimeError):
@@ -203,9 +294,15 @@ class SandboxServer:
     ``insecure``: then it serves with a warning on stderr and the gaps in ``/v1/ping``.
     """
 
-    def __init__(self, config: SandboxLimits | None = None, workers: int = 1, slots: int = 64,
-                 token: str | None = None, python_mode: str = "fork",
-                 insecure: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: SandboxLimits | None = None,
+        workers: int = 1,
+        slots: int = 64,
+        token: str | None = None,
+        python_mode: str = "fork",
+        insecure: bool = False,
+    ) -> None:
         if workers < 1 or slots < 1:
             raise ValueError("workers and slots must be at least 1")
         self.config = config or SandboxLimits()
@@ -287,11 +384,24 @@ def check_bind(host: str, token: str | None) -> None:
         raise ValueError(f"binding {host} (not loopback) requires --token: anyone could run code")
 
 
-def serve(host: str = "127.0.0.1", port: int = 8080, token: str | None = None, workers: int = 1,
-          slots: int = 64, python_mode: str = "fork", config: SandboxLimits | None = None,
-          insecure: bool = False) -> None:  # fmt: skip
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    token: str | None = None,
+    workers: int = 1,
+    slots: int = 64,
+    python_mode: str = "fork",
+    config: SandboxLimits | None = None,
+    insecure: bool = False,
+) -> None:
     """Run the server until interrupted."""
     check_bind(host, token)
-    server = SandboxServer(config, workers=workers, slots=slots, token=token,
-                           python_mode=python_mode, insecure=insecure)  # fmt: skip
+    server = SandboxServer(
+        config,
+        workers=workers,
+        slots=slots,
+        token=token,
+        python_mode=python_mode,
+        insecure=insecure,
+    )
     web.run_app(server.app(), host=host, port=port, access_log=None, print=None)

@@ -1,0 +1,52 @@
+"""A fork server killed under load: its runs answer SandboxError at once, the server starts
+a new one, later runs are served, and nothing of the dead one is left (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox, sandbox_processes
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux only")
+SLOW = {"code": "import time\ntime.sleep(3)\nprint('done')", "language": "python"}
+
+
+def _post(url, body):
+    start = time.monotonic()
+    answer = requests.post(f"{url}/run_code", json=body, timeout=60)
+    return answer.status_code, answer.json(), time.monotonic() - start
+
+
+def test_killed_fork_server_is_restarted_and_its_runs_fail_fast():
+    with EmbeddedSandbox(*TEST_SERVER_ARGS, "--slots", "8") as server:
+        before = server.ping()["isolation"][0]
+        assert before["restarts"] == 0
+        low, high = before["uids"]
+        with ThreadPoolExecutor(8) as pool:
+            running = [pool.submit(_post, server.url, SLOW) for _ in range(6)]
+            deadline = time.monotonic() + 10
+            while len(sandbox_processes(low, high - low)) < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(sandbox_processes(low, high - low)) >= 6  # all six runs have started
+            os.kill(before["pid"], signal.SIGKILL)
+            answers = [f.result() for f in running]
+        for status, body, seconds in answers:
+            assert status == 500 and body["status"] == "SandboxError", body
+            assert "died during the run" in body["message"]
+            assert seconds < 3, "an in-flight run waited for its sleep instead of failing"
+        deadline = time.monotonic() + 2
+        while sandbox_processes(low, high - low) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sandbox_processes(low, high - low) == []  # the dead server's runs died with it
+        status, body, _ = _post(server.url, {"code": "print(6 * 7)", "language": "python"})
+        assert status == 200 and body["run_result"]["stdout"] == "42\n", body
+        after = server.ping()["isolation"][0]
+        assert after["restarts"] == 1 and after["pid"] != before["pid"]
+        assert after["gaps"] == before["gaps"]
+        assert not os.path.exists(before["runs_dir"])  # the dead one's folder was removed
