@@ -95,7 +95,7 @@ async def test_abort_by_session_drains_and_leaves_others(make_engine, serve):
         aiohttp.ClientSession() as http,
         http.post(url + "/abort_requests", json={"session_id": "victim"}) as resp,
     ):
-        assert resp.status == 200 and (await resp.json()) == {"aborted": 1}
+        assert resp.status == 200 and (await resp.json()) == {"aborted": 1, "sends": 1}
     assert victim.done()  # drained before the abort answered
     assert '"finish_reason": "abort"' in victim.result()
     assert len(a.aborted) == 1
@@ -103,8 +103,29 @@ async def test_abort_by_session_drains_and_leaves_others(make_engine, serve):
         aiohttp.ClientSession() as http,
         http.post(url + "/abort_requests", json={}) as resp,
     ):
-        assert (await resp.json()) == {"aborted": 1}
+        assert (await resp.json()) == {"aborted": 1, "sends": 1}
     assert '"finish_reason": "abort"' in await other
+
+
+async def test_an_ignored_abort_is_resent_until_the_stream_ends(make_engine, serve):
+    """The engine swallows two aborts (as vLLM does for a request not registered yet)."""
+    engine = await make_engine(token_delay=0.01, ignore_aborts=2)
+    url = await serve([engine.url])
+    body = {"token_ids": [1], "sampling_params": {"max_tokens": 5000}, "stream": True}
+    async with aiohttp.ClientSession() as http:
+
+        async def stream() -> str:
+            headers = {"x-session-id": "s"}
+            async with http.post(url + "/inference/v1/generate", json=body, headers=headers) as r:
+                return (await r.read()).decode()
+
+        task = asyncio.create_task(stream())
+        while not engine.running:
+            await asyncio.sleep(0.01)
+        async with http.post(url + "/abort_requests", json={"session_id": "s"}) as resp:
+            assert resp.status == 200 and (await resp.json()) == {"aborted": 1, "sends": 3}
+        assert '"finish_reason": "abort"' in await task
+    assert engine.ignore_aborts == 0
 
 
 async def test_status_routes(make_engine, serve):

@@ -107,6 +107,8 @@ class EngineClient:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._flights: dict[str, _Flight] = {}
+        self.abort_calls = 0
+        """Abort-by-id calls sent so far (re-sends included), for logs and benchmarks."""
 
     # ----------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:
@@ -299,6 +301,7 @@ class EngineClient:
                 if (flight := self._flights.get(r)) is not None:
                     flight.aborted = True
             ids = [engine_request_id(r) for r in request_ids]
+            self.abort_calls += 1
             await self._call("POST", "/inference/v1/abort_requests", {"request_ids": ids})
 
     async def wait_drained(self, request_ids: list[str], timeout: float) -> None:

@@ -7,8 +7,9 @@ streaming responses included. A request is retried on another engine only while 
 has been sent back to the caller. Also serves:
 
 - ``POST /abort_requests``: ``{}`` aborts everything, ``{"session_id": ...}`` one session;
-  answers once the aborted requests have ended (``{"aborted": n}``), or 504 if they do not
-  within ``drain_timeout`` seconds;
+  re-sends the abort every 0.5 s while an aborted request still streams, answers once they
+  have ended (``{"aborted": n, "sends": k}``), or 504 if they do not within
+  ``drain_timeout`` seconds;
 - ``GET /health`` (200 while at least one engine's circuit is closed, else 503),
   ``GET /metrics`` (Prometheus text), ``GET /engines`` (JSON per engine).
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from turnrl.rollout_router.client import ENGINE_ID_PREFIX
+from turnrl.rollout_router.client import ABORT_RESEND_S, ENGINE_ID_PREFIX
 from turnrl.rollout_router.protocol import (
     EngineUnavailableError,
     NoEngineAvailableError,
@@ -163,13 +164,48 @@ class HttpRouter:
         targets = [p for p in self._proxied.values()
                    if session_id is None or p.session_id == session_id]  # fmt: skip
         try:
-            aborted = await self.abort(targets, everything=session_id is None)
+            aborted, sends = await self.abort(targets, everything=session_id is None)
         except TimeoutError as exc:
             return web.json_response({"error": str(exc)}, status=504)
-        return web.json_response({"aborted": aborted})
+        return web.json_response({"aborted": aborted, "sends": sends})
 
-    async def abort(self, targets: list[_Proxied], *, everything: bool) -> int:
-        """Abort proxied requests (and, with ``everything``, all engine requests); drain."""
+    async def abort(self, targets: list[_Proxied], *, everything: bool) -> tuple[int, int]:
+        """Abort proxied requests (and, with ``everything``, all engine requests); drain.
+
+        Returns ``(aborted, sends)``: how many requests, and how many times it was sent.
+
+        The abort is sent again every ``ABORT_RESEND_S`` while a target still streams: vLLM
+        ignores an abort for a request it has not registered yet. After ``drain_timeout``
+        the upstream connections left are closed (vLLM aborts on that) and this raises.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout
+        pending = list(targets)
+        sends = 0
+        while True:
+            await self._send_aborts(pending, everything)
+            sends += 1
+            remaining = deadline - loop.time()
+            pending = [p for p in pending if not p.done.is_set()]
+            if pending and remaining > 0:
+                waiters = [asyncio.ensure_future(p.done.wait()) for p in pending]
+                _, still = await asyncio.wait(waiters, timeout=min(remaining, ABORT_RESEND_S))
+                for w in still:
+                    w.cancel()
+                pending = [p for p in pending if not p.done.is_set()]
+            if not pending:
+                return len(targets), sends
+            if loop.time() >= deadline:
+                break
+        for p in pending:  # last resort: drop the upstream connection (vLLM aborts on it)
+            if p.task is not None:
+                p.task.cancel()
+        raise TimeoutError(
+            f"{len(pending)} request(s) did not end within {self.drain_timeout}s of the abort "
+            f"(sent {sends} times); their connections were closed"
+        )
+
+    async def _send_aborts(self, targets: list[_Proxied], everything: bool) -> None:
         by_engine: dict[str, list[str]] = {}
         for p in targets:
             if p.engine:
@@ -184,23 +220,6 @@ class HttpRouter:
             if everything and e.circuit == CLOSED:
                 jobs.append(self._post(e.url + "/abort_requests", {}))
         await asyncio.gather(*jobs, return_exceptions=True)
-        pending = [p for p in targets if not p.done.is_set()]
-        if pending:
-            _, still = await asyncio.wait(
-                [asyncio.ensure_future(p.done.wait()) for p in pending], timeout=self.drain_timeout
-            )
-            for w in still:
-                w.cancel()
-            left = [p for p in pending if not p.done.is_set()]
-            for p in left:  # last resort: drop the upstream connection (vLLM aborts on it)
-                if p.task is not None:
-                    p.task.cancel()
-            if left:
-                raise TimeoutError(
-                    f"{len(left)} request(s) did not end within {self.drain_timeout}s of the "
-                    "abort; their connections were closed"
-                )
-        return len(targets)
 
     async def _post(self, url: str, body: object) -> None:
         assert self._http is not None
