@@ -187,3 +187,31 @@ def test_greedy_match_rate_counts_examples_the_model_reproduces_exactly(tmp_path
     assert greedy_match_rate(model, [right], pad_id=0) == 1.0
     assert greedy_match_rate(model, [right, wrong, unmasked], pad_id=0, batch_size=1) == 0.5
     assert greedy_match_rate(model, [unmasked], pad_id=0) == 0.0
+
+
+def test_sft_stop_probes_on_its_interval_and_stops_at_the_target_or_the_time_bound(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnrl.grpo_core.training.sft import SFTExample, SFTStop
+    from turnrl.grpo_core.training.tiny_model import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m"))
+    seq = [5]
+    with torch.no_grad():
+        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    right, wrong = SFTExample(seq, [0, 1]), SFTExample([seq[0], seq[1] + 1], [0, 1])
+    stop = SFTStop([right, wrong], target=0.5, interval=3)
+    stop.start()
+    reasons = []
+    for step in (1, 2, 3):
+        reasons.append(stop.check(model, step))
+        assert (stop.last_probe is None) is (step != 3)
+    assert reasons == [None, None, "probe 0.50 >= 0.5"] and stop.history == [(3, 0.5)]
+    assert SFTStop([wrong], target=1.0, interval=1).check(model, 1) is None
+    assert SFTStop([right], target=1.0, interval=1).check(model, 2, probe=False) is None
+    bounded = SFTStop(max_seconds=1e-9)
+    bounded.start()
+    assert bounded.check(model, 1) == "time bound 1e-09 s" and bounded.last_probe is None
+    with pytest.raises(ValueError, match="probe examples"):
+        SFTStop(target=0.5)

@@ -391,3 +391,54 @@ def test_kill_is_sigkill_with_no_sigterm_first(tmp_path, gone):
     time.sleep(0.2)
     assert not mark.exists()
     assert proc.kill() == -signal.SIGKILL and proc.stop() == -signal.SIGKILL  # idempotent
+
+
+_ORPHANS = textwrap.dedent(
+    """
+    import json, subprocess, sys, time
+    from turnrl.npu_runtime import supervise
+
+    adopted = supervise.adopt_orphans() if sys.argv[1] == "adopt" else False
+    # sh starts a daemon and exits at once: the daemon is orphaned
+    out = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True)
+    daemon = int(out.stdout)
+    time.sleep(0.2)
+    seen = daemon in supervise.descendants()
+    left = supervise.kill_descendants(grace=1.0) if adopted else []
+    print(json.dumps({"adopted": adopted, "daemon": daemon, "seen": seen, "left": left,
+                      "after": supervise.descendants()}))
+    """
+)
+
+
+def _run_orphans(mode: str) -> dict:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _ORPHANS, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="child subreapers are Linux")
+def test_an_orphaned_daemon_is_adopted_found_and_killed():
+    result = _run_orphans("adopt")
+    assert result["adopted"] and result["seen"]
+    assert result["left"] == [result["daemon"]] and result["after"] == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(result["daemon"], 0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="child subreapers are Linux")
+def test_without_adoption_an_orphan_escapes_the_tree():
+    """The case adopt_orphans exists for: the daemon is reparented away from its starter."""
+    result = _run_orphans("plain")
+    try:
+        assert not result["seen"]
+    finally:
+        os.kill(result["daemon"], signal.SIGKILL)

@@ -144,11 +144,9 @@ def run_sft_stage(
                 group["lr"] = sft_lr(sft, step)
             metrics = run_sft(trainer, examples, step_config, tok.pad_token_id, data)[0]
             loss = float(metrics["loss"])
-            probes = len(stop.history)
             reason = stop.check(trainer.hf_model, step)
-            if len(stop.history) > probes:
-                metrics["probe"] = stop.history[-1][1]
-                rate = metrics["probe"]
+            if (rate := stop.last_probe) is not None:
+                metrics["probe"] = rate
                 console.print(f"SFT step {step}: {rate:.2f} of {len(probe)} probe chats reproduced")
             logger.log(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, "sft")
             bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")

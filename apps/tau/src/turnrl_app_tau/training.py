@@ -188,11 +188,10 @@ def sft_warm_up(
                 progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
                 if not console.is_terminal and len(losses) % max(1, total // 10) == 0:
                     console.print(f"SFT step {len(losses)}/{total}  loss {losses[-1]:.3f}")
-                probes = len(stop.history)
                 reason = stop.check(engine.hf_model, step, probe=stage == 1)
-                if len(stop.history) > probes:
+                if stop.last_probe is not None:
                     console.print(
-                        f"SFT step {len(losses)}: {stop.history[-1][1]:.2f} of "
+                        f"SFT step {len(losses)}: {stop.last_probe:.2f} of "
                         f"{len(probe)} probe conversations reproduced"
                     )
                 if reason:

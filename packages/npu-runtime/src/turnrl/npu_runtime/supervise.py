@@ -47,7 +47,10 @@ __all__ = [
     "ManagedProcess",
     "ProcessDiedError",
     "SupervisionError",
+    "adopt_orphans",
+    "descendants",
     "install_signal_handlers",
+    "kill_descendants",
     "running_processes",
     "start_process",
     "stop_all",
@@ -461,6 +464,88 @@ def install_signal_handlers() -> bool:
 
 
 atexit.register(stop_all)
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (Linux): orphaned descendants become its children.
+
+    A daemon that a child double-forks (or a child's child whose parent died) is then
+    reparented here instead of to init, so :func:`descendants` still sees it and
+    :func:`kill_descendants` can end it. Returns False where the kernel has no subreapers.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":  # zombies are dead already (waiting to be reaped)
+                parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Live (non-zombie) processes below ``pid`` (default: this process) in the process tree."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return sorted(found)
+
+
+def kill_descendants(grace: float = 5.0) -> list[int]:
+    """End what this process started and left running: SIGTERM, then SIGKILL after ``grace``.
+
+    Supervised children are stopped first (:func:`stop_all`); whatever is still below this
+    process then (a helper's helper, a daemon adopted by :func:`adopt_orphans`) is signalled
+    by pid. Returns the pids that were still there.
+    """
+    stop_all(grace)
+    left = descendants()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else _KILL_WAIT_S)
+        while descendants() and time.monotonic() < deadline:
+            _reap_children()
+            time.sleep(_POLL_S)
+        if not descendants():
+            break
+    _reap_children()
+    return left
+
+
+def _reap_children() -> None:
+    """Collect exited children that nobody waits for (adopted orphans)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _validate_start(cmd: Sequence[str], name: str) -> list[str]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,8 @@ class _Flight:
     num_tokens: int = 0
     aborted: bool = False
     """Set once this client asked the engine to abort the request."""
+    close: Callable[[], None] | None = None
+    """Closes the request's connection (the last resort of an abort that does not land)."""
 
 
 class EngineClient:
@@ -225,6 +227,7 @@ class EngineClient:
         where = f"{self.url}/inference/v1/generate"
         try:
             async with self._http().post(where, json=body) as resp:
+                flight.close = resp.close
                 if resp.status >= 400:
                     text = (await resp.text())[:500]
                     if resp.status < 500:
@@ -242,10 +245,13 @@ class EngineClient:
                     flight.num_tokens = len(out.token_ids)
                     if finished:
                         return
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+            # RuntimeError("Connection closed."): aiohttp, once flight.close() has run
             if flight.aborted:  # the engine may close the stream instead of a final chunk
                 out.finish_reason = "abort"
                 return
+            if isinstance(exc, RuntimeError):
+                raise
             self._fail(out, f"{where}: {exc!r}", exc)
         if flight.aborted:
             out.finish_reason = "abort"
@@ -295,14 +301,15 @@ class EngineClient:
         return str((await self._call("POST", "/detokenize", {"tokens": token_ids}))["prompt"])
 
     # -------------------------------------------------------------------- abort
-    async def _abort_ids(self, request_ids: list[str]) -> None:
+    async def _abort_ids(self, request_ids: list[str], timeout: float = 60.0) -> None:
         if request_ids:
             for r in request_ids:
                 if (flight := self._flights.get(r)) is not None:
                     flight.aborted = True
             ids = [engine_request_id(r) for r in request_ids]
             self.abort_calls += 1
-            await self._call("POST", "/inference/v1/abort_requests", {"request_ids": ids})
+            body = {"request_ids": ids}
+            await self._call("POST", "/inference/v1/abort_requests", body, timeout=timeout)
 
     async def wait_drained(self, request_ids: list[str], timeout: float) -> None:
         """Wait until none of ``request_ids`` is in flight.
@@ -326,7 +333,9 @@ class EngineClient:
         """Send the abort, and send it again every ``ABORT_RESEND_S`` while any is running.
 
         vLLM ignores an abort for a request its engine has not registered yet (a request
-        still on its way in); re-sending closes that race.
+        still on its way in); re-sending closes that race. A slow or failed abort call
+        counts as not landed yet. At ``timeout`` the requests' connections are closed
+        (vLLM aborts a request whose client went away) and this raises.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -336,14 +345,23 @@ class EngineClient:
                 return
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise DrainTimeoutError(
-                    f"{len(left)} aborted request(s) still running on {self.url} after "
-                    f"{timeout}s", left)  # fmt: skip
-            await self._abort_ids(left)
+                break
             try:
-                await self.wait_drained(left, min(remaining, ABORT_RESEND_S))
+                await self._abort_ids(left, timeout=max(0.05, min(remaining, 5.0)))
+            except (EngineUnavailableError, EngineRequestError, TimeoutError):
+                pass  # the engine is busy or briefly unreachable: try again
+            try:
+                await self.wait_drained(left, max(0.0, min(deadline - loop.time(), ABORT_RESEND_S)))
             except DrainTimeoutError:
                 continue
+        for r in left:
+            if (flight := self._flights.get(r)) is not None and flight.close is not None:
+                flight.close()
+        raise DrainTimeoutError(
+            f"{len(left)} aborted request(s) still running on {self.url} after {timeout}s "
+            "(abort sent every 0.5 s); their connections were closed",
+            left,
+        )
 
     async def abort(self, request_ids: list[str], drain_timeout: float = 10.0) -> int:
         """Abort requests by client-side id and wait (bounded) for them to end.

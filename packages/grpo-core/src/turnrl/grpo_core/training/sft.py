@@ -289,6 +289,8 @@ class SFTStop:
     """Stop after this many seconds of the stage (0: no bound)."""
     history: list[tuple[int, float]] = field(default_factory=list)
     """``(step, rate)`` of every probe so far."""
+    last_probe: float | None = None
+    """The rate the latest :meth:`check` measured, None when it did not probe."""
     _start: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
@@ -308,10 +310,11 @@ class SFTStop:
 
         ``probe=False`` checks only the time bound (e.g. in a curriculum's first stage).
         """
+        self.last_probe = None
         if self.max_seconds and time.perf_counter() - self._start > self.max_seconds:
             return f"time bound {self.max_seconds:g} s"
         if probe and self.target and step % self.interval == 0:
-            rate = greedy_match_rate(model, self.probe, self.pad_id)
+            rate = self.last_probe = greedy_match_rate(model, self.probe, self.pad_id)
             self.history.append((step, rate))
             if rate >= self.target:
                 return f"probe {rate:.2f} >= {self.target:g}"
