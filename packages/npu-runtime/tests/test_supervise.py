@@ -442,3 +442,20 @@ def test_without_adoption_an_orphan_escapes_the_tree():
         assert not result["seen"]
     finally:
         os.kill(result["daemon"], signal.SIGKILL)
+
+
+def _contained(script: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", "sh", "-c", script]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="child subreapers are Linux")
+def test_run_contained_names_and_kills_what_a_command_left_running():
+    assert _contained("exit 0").returncode == 0
+    assert _contained("exit 5").returncode == 5
+    leaky = _contained("sleep 300 >/dev/null 2>&1 & exit 0")
+    assert leaky.returncode == 3
+    assert "1 process(es) left running" in leaky.stderr and "sleep 300" in leaky.stderr
+    pid = int(leaky.stderr.split("left running: ")[1].split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -12,6 +12,9 @@ runs at interpreter exit (``atexit``) and on SIGINT / SIGTERM (handlers installe
 from the main thread, chaining whatever handler was there before), so supervised children
 do not outlive their parent. A parent killed by SIGKILL cannot clean up; nothing can.
 
+:func:`run_contained` (``python -m turnrl.npu_runtime.supervise -- CMD``) runs a command
+and then ends, and names, whatever it left running (orphaned daemons included).
+
 Only the standard library is used.
 
 Example::
@@ -51,6 +54,7 @@ __all__ = [
     "descendants",
     "install_signal_handlers",
     "kill_descendants",
+    "run_contained",
     "running_processes",
     "start_process",
     "stop_all",
@@ -615,3 +619,41 @@ def start_process(
     proc = ManagedProcess(popen, name, path, args)
     _register(proc)
     return proc
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return "?"
+
+
+def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:
+    """Run ``cmd`` to its end, then end whatever it left running; its exit code, or 3.
+
+    This process adopts orphans first (:func:`adopt_orphans`), so daemons ``cmd`` started
+    are found too. SIGINT / SIGTERM are passed on to ``cmd``. Leftovers are named on stderr
+    and killed (:func:`kill_descendants`); a command that succeeded but left some exits 3.
+    """
+    import sys
+
+    adopt_orphans()
+    child = subprocess.Popen(list(cmd))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    code = child.wait()
+    left = descendants()
+    if not left:
+        return code
+    names = "; ".join(f"{pid} {_cmdline(pid)[:200]}" for pid in left)
+    print(f"turnrl supervise: {len(left)} process(es) left running: {names}", file=sys.stderr)
+    kill_descendants(grace)
+    return code or 3
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "--":
+        sys.exit("usage: python -m turnrl.npu_runtime.supervise -- CMD [ARG ...]")
+    sys.exit(run_contained(sys.argv[2:]))
