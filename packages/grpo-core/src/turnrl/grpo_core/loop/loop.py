@@ -14,8 +14,12 @@ One step (slime's ``train.py`` without Ray, everything in this process)::
 The hooks carry every task-specific decision (which environment, which user, which
 reward), so the same loop serves every app; :func:`load_function` resolves a hook from a
 dotted path as slime's ``--custom-generate-function-path`` / ``--custom-rm-path`` do.
-Samples whose response has no policy token (an episode that failed before the model
-spoke) still count for group statistics but are not trained on.
+Samples whose response has no policy token (e.g. a prompt too long for the context)
+still count for group statistics but are not trained on. Samples with status ``failed``
+(an infrastructure failure the rollout did not recover from: a user simulator that gave
+up, an unreachable sandbox, an environment exception) are not the policy's outcome: they
+are left out of training, of group statistics and of the reward mean, and counted per
+reason as ``rollout/failed/<reason>`` (each reason logged once with its message).
 
 Checkpoints (every ``save_interval`` steps, in ``<checkpoint_dir>/step_<n>``) hold the
 trainer's state (model, optimizer, RNG, see ``training/checkpoint.py``) and the loop's own
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import logging
 import random
 import re
 import time
@@ -64,6 +69,7 @@ MetricsFn = Callable[[int, dict[str, float]], None]
 LOOP_STATE_VERSION = 1
 """Format version of the loop state stored in checkpoints."""
 _STEP_FOLDER = re.compile(r"step_(\d+)")
+_log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -214,11 +220,25 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def failure_reason(sample: Any) -> str | None:
+    """Why a sample failed for a reason outside the policy (status ``failed``), else None.
+
+    The reason is the exception's type name at the start of ``metadata["error"]`` (as the
+    tool-envs rollout records it, e.g. ``UserSimulatorError``), or ``unknown``.
+    """
+    if getattr(sample, "status", "completed") != "failed":
+        return None
+    error = str((getattr(sample, "metadata", None) or {}).get("error") or "")
+    name = error.split(":", 1)[0].strip()
+    return name if name.isidentifier() else "unknown"
+
+
 def rollout_metrics(samples: Sequence[Sample], seconds: float) -> dict[str, float]:
-    """``rollout/...`` scalars of one step's samples."""
+    """``rollout/...`` scalars of one step's samples (the reward mean without failed ones)."""
     generated = [sum(s.loss_mask) for s in samples]
+    scored = [s for s in samples if failure_reason(s) is None]
     metrics = {
-        "rollout/reward_mean": _mean([float(s.reward) for s in samples]),
+        "rollout/reward_mean": _mean([float(s.reward) for s in scored]),
         "rollout/response_len_mean": _mean([float(len(s.response_ids)) for s in samples]),
         "rollout/generated_tokens": float(sum(generated)),
         "rollout/num_samples": float(len(samples)),
@@ -227,8 +247,10 @@ def rollout_metrics(samples: Sequence[Sample], seconds: float) -> dict[str, floa
     turns = [getattr(s, "num_turns", None) for s in samples]
     if all(isinstance(t, int) for t in turns):
         metrics["rollout/num_turns_mean"] = _mean([float(t) for t in turns if t is not None])
-    statuses = [getattr(s, "status", "completed") for s in samples]
-    metrics["rollout/failed_frac"] = _mean([float(st == "failed") for st in statuses])
+    reasons = [failure_reason(s) for s in samples]
+    metrics["rollout/failed_frac"] = _mean([float(r is not None) for r in reasons])
+    for reason in sorted({r for r in reasons if r is not None}):
+        metrics[f"rollout/failed/{reason}"] = float(reasons.count(reason))
     return metrics
 
 
@@ -292,6 +314,7 @@ class GRPOLoop:
         self.checkpoint_dir = checkpoint_dir
         self.step = 0
         self.history: list[dict[str, float]] = []
+        self._failure_reasons_logged: set[str] = set()
         """Every finished step's metrics."""
 
     async def run_step(self) -> dict[str, float]:
@@ -347,6 +370,9 @@ class GRPOLoop:
         return metrics
 
     def _train(self, samples: list[Any]) -> dict[str, float]:
+        samples = self._without_failures(samples)
+        if not samples:
+            return {"train/skipped": 1.0}
         advantages = sample_advantages(samples, self.config)
         batch = build_train_batch(samples, advantages, self.pad_id)
         if batch is None:
@@ -365,6 +391,20 @@ class GRPOLoop:
         for key in steps[0]:
             out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])
         return out
+
+    def _without_failures(self, samples: list[Any]) -> list[Any]:
+        """The samples that are the policy's own outcomes; each new failure reason logged."""
+        kept = []
+        for sample in samples:
+            reason = failure_reason(sample)
+            if reason is None:
+                kept.append(sample)
+            elif reason not in self._failure_reasons_logged:
+                self._failure_reasons_logged.add(reason)
+                error = (getattr(sample, "metadata", None) or {}).get("error")
+                message = "left out of training (infrastructure, not the policy): %s: %s"
+                _log.warning(message, reason, str(error)[:500])
+        return kept
 
     # -- checkpoints -------------------------------------------------------------------
 

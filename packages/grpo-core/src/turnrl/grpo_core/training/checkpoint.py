@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -89,10 +90,13 @@ def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any
         folder.mkdir(parents=True, exist_ok=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
-    with warnings.catch_warnings():  # single process: DCP warns that it saves unsharded
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder / "state"))
-    torch.save(_rng_state(engine.device), folder / f"rng_rank{_rank()}.pt")
+    try:
+        with warnings.catch_warnings():  # single process: DCP warns that it saves unsharded
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder / "state"))
+        torch.save(_rng_state(engine.device), folder / f"rng_rank{_rank()}.pt")
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        raise _write_failure(folder, exc) from exc
     _barrier()
     if _rank() == 0:
         meta = {"step": engine.step, "world_size": engine.dp_size, "data_state": data_state}
@@ -102,6 +106,25 @@ def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any
         os.replace(partial, folder / TRAINER_STATE)
     _barrier()
     return folder
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the folder is left incomplete, so never loaded)."""
+
+
+def _write_failure(folder: Path, exc: BaseException) -> CheckpointWriteError:
+    """Name the cause: a full file system says so (DCP's own message does not)."""
+    try:
+        stat = os.statvfs(folder)
+        free = stat.f_bavail * stat.f_frsize
+    except OSError:
+        free = -1
+    full = 0 <= free < (1 << 20) or "No space left" in repr(exc)
+    why = f"no space left on its file system ({free} bytes free)" if full else repr(exc)
+    return CheckpointWriteError(
+        f"saving the checkpoint to {folder} failed: {why}; it is incomplete and is never "
+        "loaded, earlier checkpoints are untouched"
+    )
 
 
 def load_checkpoint(engine: TorchEngine, folder: Path) -> dict[str, Any]:
