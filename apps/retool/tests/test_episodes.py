@@ -27,7 +27,7 @@ from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import Generation, SamplingParams
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
-from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox
+from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox, free_port
 
 
 class ScriptedPolicy:
@@ -119,6 +119,22 @@ async def test_wrong_answers_get_the_tool_bonus_only_with_tools(chat, sandbox_cl
 def test_summarize_needs_episodes() -> None:
     with pytest.raises(ValueError, match="no episodes"):
         summarize([], "x", 1)
+
+
+async def test_a_sandbox_outage_is_counted_not_scored(chat, sandbox_client) -> None:
+    """Episodes whose sandbox was down are failed: out of every mean, counted, named."""
+    settings = episode_settings(preset("smoke"), chat, sandbox_client, 1.0, 1.0)
+    good = await run_tasks(ScriptedPolicy(chat), settings, tasks(2), n=1)
+    dead = SandboxClient(SandboxClientConfig(url=f"http://127.0.0.1:{free_port()}", max_retries=0))
+    down = episode_settings(preset("smoke"), chat, dead, 1.0, 1.0)
+    lost = await run_tasks(ScriptedPolicy(chat), down, tasks(2), n=1, group_prefix="d")
+    assert [t.status for t in lost] == ["failed", "failed"]
+    assert lost[0].metadata["error"].startswith("SandboxUnavailableError")
+    metrics = summarize(good + lost, "x", 1)
+    assert metrics["val-core/x/acc/mean@1"] == 1.0  # the outage did not count as wrong
+    assert metrics["val-aux/x/failed_episodes"] == 2.0 and metrics["val-aux/num_episodes"] == 2.0
+    with pytest.raises(RuntimeError, match=r"every x episode failed, e\.g\. SandboxUnavailable"):
+        summarize(lost, "x", 1)
 
 
 async def test_tool_schema_in_prompt_is_a_setting(chat, sandbox_client) -> None:

@@ -12,6 +12,7 @@ from turnrl.tool_envs.retool import (
     CODE_INTERPRETER,
     RetoolConfig,
     RetoolEnv,
+    SandboxUnavailableError,
     format_run,
     last_boxed,
     problem_text,
@@ -152,17 +153,22 @@ async def test_errors_timeouts_and_invalid_calls_are_shown_and_counted(client):
 
 
 @linux_only
-async def test_max_turns_ends_the_episode():
-    env = RetoolEnv(SandboxClient(SandboxClientConfig(url=f"http://127.0.0.1:{free_port()}",
-                                                      max_retries=0)),
-                    RetoolConfig(max_turns=1))  # fmt: skip
+async def test_max_turns_ends_the_episode(client):
+    env = RetoolEnv(client, RetoolConfig(max_turns=1))
     await env.reset("p")
     result = await env.step(code_turn("print(1)"))
     assert result.done and result.info["done_reason"] == "max_turns"
-    assert result.observations[0]["content"].startswith(
-        "Error: the code interpreter is unavailable (connection_error)"
-    )
-    assert result.info["num_tool_errors"] == 1
+    assert result.observations[0]["content"] == "1"
+
+
+async def test_an_unreachable_sandbox_fails_the_episode_instead_of_scoring_it():
+    """A dead port: the step raises, so run_episode marks the episode failed (infra)."""
+    dead = SandboxClient(SandboxClientConfig(url=f"http://127.0.0.1:{free_port()}", max_retries=1))
+    env = RetoolEnv(dead, RetoolConfig(max_turns=3))
+    await env.reset("p")
+    with pytest.raises(SandboxUnavailableError, match=r"connection_error after 2 attempt"):
+        await env.step(code_turn("print(1)"))
+    assert env.sandbox_statuses == {"connection_error": 1}
 
 
 async def test_step_before_reset_is_an_error():
@@ -184,3 +190,13 @@ async def test_full_episode_through_run_episode(client, qwen3, make_engine):
     assert "5050" in text.split("</tool_call>")[1]  # the tool's output reached the model
     sent = json.loads(call.split("\n")[1])["arguments"]["code"]
     assert sent == "print(sum(range(101)))"
+
+
+@linux_only
+async def test_a_sandbox_outage_is_a_failed_episode_not_a_scored_one(qwen3, make_engine):
+    call = render_tool_call(ToolCall("code_interpreter", {"code": "print(1)"}))
+    engine = make_engine([f"Compute.\n{call}", "\\boxed{1}"])
+    dead = SandboxClient(SandboxClientConfig(url=f"http://127.0.0.1:{free_port()}", max_retries=0))
+    trajectory = await run_episode(engine, RetoolEnv(dead), qwen3, "p", RolloutConfig())
+    assert trajectory.status == "failed"
+    assert trajectory.metadata["error"].startswith("SandboxUnavailableError: the sandbox did not")

@@ -147,9 +147,23 @@ def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> dict[str, float]:
-    """verl-named validation metrics of one dataset's episodes."""
+    """verl-named validation metrics of one dataset's episodes.
+
+    Episodes that ``failed`` (the sandbox or the engine, not the policy) are left out of
+    every mean and counted in ``val-aux/{data_source}/failed_episodes``.
+
+    Raises:
+        ValueError: no episodes.
+        RuntimeError: every episode failed (the first error is named).
+    """
     if not trajectories:
         raise ValueError(f"no episodes to summarize for {data_source}")
+    failed = [t for t in trajectories if t.status == "failed"]
+    trajectories = [t for t in trajectories if t.status != "failed"]
+    if not trajectories:
+        raise RuntimeError(
+            f"every {data_source} episode failed, e.g. {failed[0].metadata.get('error')}"
+        )
     count = len(trajectories)
 
     def mean(values: Sequence[float]) -> float:
@@ -170,6 +184,7 @@ def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> d
         "val-aux/completed_frac": mean([float(t.status == "completed") for t in trajectories]),
         "val-aux/generated_tokens": float(generated),
         "val-aux/num_episodes": float(count),
+        f"val-aux/{data_source}/failed_episodes": float(len(failed)),
         "val-aux/generate_seconds_max": seconds,
     }
 

@@ -8,8 +8,10 @@ without a tool call (its final answer is the last ``\\boxed{...}``) or after ``m
 assistant turns.
 
 Tool messages are cut here by characters (head and tail kept, a marker in between); the
-trajectory layer then enforces its token budget. A sandbox failure is spelled out to the
-model (``Error: the code interpreter is unavailable ...``), never shown as empty output.
+trajectory layer then enforces its token budget. A sandbox that cannot run the code (down,
+erroring, after the client's retries) is not the policy's doing: :meth:`RetoolEnv.step`
+raises :class:`SandboxUnavailableError`, so the rollout marks the episode ``failed`` and
+training leaves it out, instead of scoring the model against an outage.
 
 ``StepResult.info`` carries what the ReTool reward needs: ``num_turns``,
 ``num_tool_calls``, ``num_tool_errors``, ``final_answer`` and ``done_reason``.
@@ -132,6 +134,10 @@ def problem_text(task: Any) -> str:
     raise TypeError(f"a ReTool task is a string or a dict with a 'problem' text, got {task!r:.200}")
 
 
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox could not run a valid call's code (an infrastructure failure)."""
+
+
 class RetoolEnv:
     """One ReTool episode at a time (make one environment per concurrent episode)."""
 
@@ -208,4 +214,9 @@ class RetoolEnv:
             memory_limit_mb=self.config.memory_limit_mb,
         )  # fmt: skip
         self.sandbox_statuses[result.status] = self.sandbox_statuses.get(result.status, 0) + 1
+        if not result.ran:
+            raise SandboxUnavailableError(
+                f"the sandbox did not run the code ({result.status} after {result.attempts} "
+                f"attempt(s)): {result.message}"
+            )
         return format_run(result, self.config.max_tool_output_chars), result.ran
