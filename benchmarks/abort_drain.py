@@ -195,12 +195,14 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                             trial = await client_trial(client, delay, args.drain_timeout)
                         else:
                             trial = await router_trial(http, url, engine.url, delay)
+                        trial["delay_s"] = delay
                         trials.append(trial)
                     name = f"{path}_{'load' if loaded else 'idle'}"
                     summary = summarise(trials)
                     if not loaded:  # nothing of the aborted requests still runs
                         summary["engine_idle_after_s"] = await engine_idle_seconds(client)
                     results[name] = summary
+                    results[f"{name}_trials"] = trials  # every trial, for the distribution
                     print(name, json.dumps(summary), flush=True)
                 if background:
                     await client.abort_all(drain_timeout=args.drain_timeout)
@@ -223,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     results = asyncio.run(run(args))
     text = json.dumps(results, indent=2)
-    print(text)
+    print(json.dumps({k: v for k, v in results.items() if not k.endswith("_trials")}, indent=2))
     if args.out:
         args.out.write_text(text + "\n")
 

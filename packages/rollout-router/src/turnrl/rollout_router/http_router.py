@@ -183,7 +183,9 @@ class HttpRouter:
         pending = list(targets)
         sends = 0
         while True:
-            await self._send_aborts(pending, everything)
+            await self._send_aborts(
+                pending, everything, max(0.05, min(deadline - loop.time(), 5.0))
+            )
             sends += 1
             remaining = deadline - loop.time()
             pending = [p for p in pending if not p.done.is_set()]
@@ -205,7 +207,7 @@ class HttpRouter:
             f"(sent {sends} times); their connections were closed"
         )
 
-    async def _send_aborts(self, targets: list[_Proxied], everything: bool) -> None:
+    async def _send_aborts(self, targets: list[_Proxied], everything: bool, timeout: float) -> None:
         by_engine: dict[str, list[str]] = {}
         for p in targets:
             if p.engine:
@@ -214,16 +216,16 @@ class HttpRouter:
         for e in self.router.engines:
             ids = by_engine.get(e.url, [])
             if ids:
-                jobs.append(
-                    self._post(e.url + "/inference/v1/abort_requests", {"request_ids": ids})
-                )
+                url = e.url + "/inference/v1/abort_requests"
+                jobs.append(self._post(url, {"request_ids": ids}, timeout))
             if everything and e.circuit == CLOSED:
-                jobs.append(self._post(e.url + "/abort_requests", {}))
+                jobs.append(self._post(e.url + "/abort_requests", {}, timeout))
         await asyncio.gather(*jobs, return_exceptions=True)
 
-    async def _post(self, url: str, body: object) -> None:
+    async def _post(self, url: str, body: object, timeout: float = 10.0) -> None:
         assert self._http is not None
-        async with self._http.post(url, json=body, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        limit = aiohttp.ClientTimeout(total=timeout)
+        async with self._http.post(url, json=body, timeout=limit) as r:
             await r.read()
 
     async def _health(self, _: web.Request) -> web.Response:
