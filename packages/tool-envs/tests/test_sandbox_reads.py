@@ -17,13 +17,14 @@ import requests
 from turnrl.tool_envs.sandbox.embedded import (
     TEST_SERVER_ARGS,
     EmbeddedSandbox,
+    can_contain,
     free_port,
     shared_sandbox,
 )
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux only"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="containment needs a root server"),
+    pytest.mark.skipif(not can_contain(), reason="containment needs root and namespaces"),
 ]
 SECRET = "turnrl-secret-5f1c"
 

@@ -137,13 +137,30 @@ def shared_sandbox(*args: str) -> EmbeddedSandbox:
     return server
 
 
+def can_contain() -> bool:
+    """Whether a server started here can contain runs: root, and namespaces allowed."""
+    if os.geteuid() != 0 or not hasattr(os, "fork"):
+        return False
+    from turnrl.tool_envs.sandbox.limits import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, unshare
+
+    pid = os.fork()
+    if pid == 0:  # probe in a child: unsharing is irreversible
+        try:
+            unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 TEST_SERVER_ARGS = (
     "--max-output-bytes",
     "65536",
     "--max-processes",
     "32",
-    *(["--insecure"] if os.geteuid() != 0 else []),
+    *([] if can_contain() else ["--insecure"]),
 )
 """The server options turnrl's own sandbox tests share (small output cap, 32 processes;
-``--insecure`` when not root, where the server cannot contain and would refuse to start —
-the tests of containment itself skip there)."""
+``--insecure`` where the server cannot contain — not root, or no namespaces — and would
+refuse to start; the tests of containment itself skip there)."""
