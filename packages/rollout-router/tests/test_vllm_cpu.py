@@ -105,7 +105,10 @@ async def test_sticky_sessions_hold_across_turns(router: Router):
 async def test_abort_mid_generation_returns_partial_tokens_and_drains(router: Router):
     # On a starved machine the stream the client reads can lag the engine by thousands of
     # tokens, so the engine may finish before the abort lands. That race is legal (all
-    # tokens, "length"); the test retries until one abort lands mid-generation.
+    # tokens, "length"); the test retries until one abort lands mid-generation. vLLM's API
+    # server can also stop answering for seconds on 2 busy cores (docs/benchmarks/aborts.md:
+    # 4 of 200 aborts over 5 s): a drain past 5 s then closes the stream (the generation
+    # still ends "abort", its tokens kept) and counts as a failed attempt.
     long = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
     outcomes = []
     for attempt in range(3):
@@ -118,14 +121,20 @@ async def test_abort_mid_generation_returns_partial_tokens_and_drains(router: Ro
             assert not task.done(), task.result()
             await asyncio.sleep(0.01)
         start = time.monotonic()
-        assert await router.abort(session_id=session, drain_timeout=5.0) == 1
+        try:
+            assert await router.abort(session_id=session, drain_timeout=5.0) == 1
+        except DrainTimeoutError:
+            gen = await asyncio.wait_for(task, 30)
+            assert gen.finish_reason == "abort" and len(gen.logprobs) == len(gen.token_ids)
+            outcomes.append(("drain timeout", len(gen.token_ids)))
+            continue
         gen = await task
         assert len(gen.logprobs) == len(gen.token_ids)
         outcomes.append((gen.finish_reason, len(gen.token_ids)))
         if gen.finish_reason == "abort":
             break
         assert (gen.finish_reason, len(gen.token_ids)) == ("length", 30_000), outcomes
-    assert gen.finish_reason == "abort", outcomes
+    assert outcomes[-1][0] == "abort", outcomes  # one abort drained within 5 s
     assert 50 < len(gen.token_ids) < 30_000
     # The engines' own gauges (refreshed on their stats interval) reach zero within seconds.
     while [await e.client.engine_load() for e in router.engines] != [0, 0]:
