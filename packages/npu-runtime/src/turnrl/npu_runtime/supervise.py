@@ -532,10 +532,10 @@ def kill_descendants(grace: float = 5.0) -> list[int]:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else _KILL_WAIT_S)
-        while descendants() and time.monotonic() < deadline:
+        while (alive := descendants()) and time.monotonic() < deadline:
             _reap_children()
             time.sleep(_POLL_S)
-        if not descendants():
+        if not alive:
             break
     _reap_children()
     return left

@@ -220,7 +220,8 @@ def hide_home_directories(isolation: Isolation, keep: list[str]) -> None:
     visible, with a note. Called in the fork server's new mount namespace, as root.
     """
     needed = _outermost(interpreter_trees() + [os.path.realpath(k) for k in keep])
-    for home in home_directories():
+    homes = home_directories()
+    for home in homes:
         if any(_inside(home, n) for n in needed):
             isolation.notes.append(f"{home} not hidden: the interpreter or runs live there")
             continue
@@ -235,7 +236,7 @@ def hide_home_directories(isolation: Isolation, keep: list[str]) -> None:
             for fd in fds:
                 os.close(fd)
         isolation.hidden_paths.append(home)
-    isolation.homes_hidden = len(isolation.hidden_paths) == len(home_directories())
+    isolation.homes_hidden = len(isolation.hidden_paths) == len(homes)
 
 
 def check_interpreter(isolation: Isolation, uid: int) -> None:
