@@ -206,26 +206,30 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
                                      headers={"x-session-id": session}) as resp:  # fmt: skip
                     return (await resp.read()).decode()
 
-            # An abort that vLLM does not act on (seen now and then on 2 busy cores: the
-            # request then runs to its limit) is retried on a new request; one must land.
+            # On 2 busy cores vLLM's API server can stall for seconds (docs/benchmarks/
+            # aborts.md): an abort that does not drain within 5 s (504) is retried on a new
+            # request; one of three must. A wrong engine-side id (cmpl-<id>-0) never drains.
             outcomes = []
             for attempt in range(3):
                 task = asyncio.create_task(stream(f"long-{attempt}"))
                 await asyncio.sleep(2.0)
                 assert not task.done()
-                start = time.monotonic()
                 async with http.post(url + "/abort_requests",
                                      json={"session_id": f"long-{attempt}"}) as resp:  # fmt: skip
-                    # 200 (not 504): the engine-side id (cmpl-<id>-0) was right, so it drained.
                     answer = await resp.json()
-                    assert resp.status == 200 and answer["aborted"] == 1, answer
-                seconds = time.monotonic() - start
-                body = await task
-                outcomes.append((round(seconds, 1), body.count("data:")))
-                if seconds < 15.0 and 0 < body.count("data:") < 30_000:
+                try:
+                    body = await task
+                except aiohttp.ClientError as exc:  # a 504 closes the stream's connection
+                    assert resp.status == 504, exc
+                    body = ""
+                outcomes.append((resp.status, answer, body.count("data:")))
+                if resp.status == 200:
+                    assert answer["aborted"] == 1, answer
+                    assert 0 < body.count("data:") < 30_000
                     break
+                assert resp.status == 504, answer
             else:
-                raise AssertionError(f"no abort landed in 3 tries: {outcomes}")
+                raise AssertionError(f"no abort drained within 5 s in 3 tries: {outcomes}")
     finally:
         await runner.cleanup()
 
