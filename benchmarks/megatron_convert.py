@@ -28,11 +28,18 @@ from turnrl.grpo_core.megatron import (
 )
 
 QWEN25_05B = {
-    "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
-}  # fmt: skip
+}
 
 
 def hf_state(arch: QwenArchitecture) -> dict[str, torch.Tensor]:
@@ -43,13 +50,19 @@ def hf_state(arch: QwenArchitecture) -> dict[str, torch.Tensor]:
     for i in range(arch.num_layers):
         p = f"model.layers.{i}."
         shapes |= {
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
-            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (h, q), p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f),
-        }  # fmt: skip
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.q_proj.bias": (q,),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (f, h),
+            p + "mlp.up_proj.weight": (f, h),
+            p + "mlp.down_proj.weight": (h, f),
+        }
     gen = torch.Generator().manual_seed(0)
     return {k: torch.randn(s, generator=gen).to(torch.bfloat16) for k, s in shapes.items()}
 

@@ -83,8 +83,11 @@ def health_notice_seconds(folder: Path, interval: float, repeats: int) -> list[f
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         stamp = folder / f"listening{i}"
-        with start_process([sys.executable, str(script), str(port), str(stamp)], name="srv",
-                           log_path=folder / "srv.log") as proc:  # fmt: skip
+        with start_process(
+            [sys.executable, str(script), str(port), str(stamp)],
+            name="srv",
+            log_path=folder / "srv.log",
+        ) as proc:
             proc.wait_healthy(f"http://127.0.0.1:{port}/", timeout=30, interval=interval)
             delays.append(time.time() - float(stamp.read_text()))
     return delays
@@ -97,15 +100,22 @@ def main() -> None:
         sequential = shutdown_seconds(folder, n, drain_s, parallel=False)
         parallel = shutdown_seconds(folder, n, drain_s, parallel=True)
         delays = {iv: health_notice_seconds(folder, iv, 5) for iv in (0.5, 0.1)}
-    print(json.dumps({
-        "children": n,
-        "drain_s": drain_s,
-        "sequential_stop_s": round(sequential, 3),
-        "stop_all_s": round(parallel, 3),
-        "speedup": round(sequential / parallel, 2),
-        "health_notice_mean_s": {str(k): round(sum(v) / len(v), 3) for k, v in delays.items()},
-        "health_notice_max_s": {str(k): round(max(v), 3) for k, v in delays.items()},
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "children": n,
+                "drain_s": drain_s,
+                "sequential_stop_s": round(sequential, 3),
+                "stop_all_s": round(parallel, 3),
+                "speedup": round(sequential / parallel, 2),
+                "health_notice_mean_s": {
+                    str(k): round(sum(v) / len(v), 3) for k, v in delays.items()
+                },
+                "health_notice_max_s": {str(k): round(max(v), 3) for k, v in delays.items()},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -76,8 +77,9 @@ async def wait_up(url: str, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.1)
 
 
-async def measure(fn: Callable[[], Awaitable[object]], concurrency: int,
-                  seconds: float) -> dict[str, float]:  # fmt: skip
+async def measure(
+    fn: Callable[[], Awaitable[object]], concurrency: int, seconds: float
+) -> dict[str, float]:
     """Run ``fn`` from ``concurrency`` workers for ``seconds``; latency stats in µs."""
     lat: list[float] = []
     errors = 0
@@ -101,10 +103,14 @@ async def measure(fn: Callable[[], Awaitable[object]], concurrency: int,
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     lat.sort()
     n = max(len(lat), 1)
-    return {"requests": len(lat), "errors": errors, "rps": len(lat) / wall,
-            "p50_us": lat[n // 2] * 1e6 if lat else 0.0,
-            "p99_us": lat[min(n - 1, int(n * 0.99))] * 1e6 if lat else 0.0,
-            "client_cpu_us_per_req": cpu / n * 1e6}  # fmt: skip
+    return {
+        "requests": len(lat),
+        "errors": errors,
+        "rps": len(lat) / wall,
+        "p50_us": lat[n // 2] * 1e6 if lat else 0.0,
+        "p99_us": lat[min(n - 1, int(n * 0.99))] * 1e6 if lat else 0.0,
+        "client_cpu_us_per_req": cpu / n * 1e6,
+    }
 
 
 def http_post(http: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[object]]:
@@ -117,8 +123,11 @@ def http_post(http: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[o
     return call
 
 
-async def overhead(args: argparse.Namespace, engines: list[str], routers: dict[str, tuple[str, int]],
-                   ) -> dict[str, object]:  # fmt: skip
+async def overhead(
+    args: argparse.Namespace,
+    engines: list[str],
+    routers: dict[str, tuple[str, int]],
+) -> dict[str, object]:
     out: dict[str, object] = {}
     for c in (1, 16, 64):
         row: dict[str, object] = {}
@@ -129,8 +138,9 @@ async def overhead(args: argparse.Namespace, engines: list[str], routers: dict[s
             row["inproc_router"] = await measure(lambda: router.generate([1], ONE), c, args.seconds)
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as http:
-            row["direct_http"] = await measure(http_post(http, engines[0] + "/v1/completions"), c,
-                                               args.seconds)  # fmt: skip
+            row["direct_http"] = await measure(
+                http_post(http, engines[0] + "/v1/completions"), c, args.seconds
+            )
             for name, (url, pid) in routers.items():
                 cpu0 = cpu_seconds(pid)
                 m = await measure(http_post(http, url + "/v1/completions"), c, args.seconds)
@@ -141,8 +151,9 @@ async def overhead(args: argparse.Namespace, engines: list[str], routers: dict[s
         assert isinstance(base_c, dict) and isinstance(base_h, dict) and isinstance(inproc, dict)
         inproc["added_p50_us"] = inproc["p50_us"] - base_c["p50_us"]
         inproc["added_p99_us"] = inproc["p99_us"] - base_c["p99_us"]
-        inproc["added_cpu_us_per_req"] = (inproc["client_cpu_us_per_req"]
-                                          - base_c["client_cpu_us_per_req"])  # fmt: skip
+        inproc["added_cpu_us_per_req"] = (
+            inproc["client_cpu_us_per_req"] - base_c["client_cpu_us_per_req"]
+        )
         for name in routers:
             via = row[name]
             assert isinstance(via, dict)
@@ -168,8 +179,11 @@ async def bookkeeping(engines: list[str], n: int = 50_000) -> dict[str, float]:
     return out
 
 
-async def failover_run(send: Callable[[], Awaitable[object]], victim: subprocess.Popen[bytes],
-                       out_of_rotation: Callable[[], Awaitable[bool]]) -> dict[str, object]:  # fmt: skip
+async def failover_run(
+    send: Callable[[], Awaitable[object]],
+    victim: subprocess.Popen[bytes],
+    out_of_rotation: Callable[[], Awaitable[bool]],
+) -> dict[str, object]:
     """16 workers for 3 s; SIGKILL ``victim`` after 1 s; count failures, time to eviction."""
     ok, failed, errors = 0, 0, set()
     stop_at = time.perf_counter() + 3.0
@@ -218,37 +232,60 @@ async def failover(args: argparse.Namespace, py: str) -> dict[str, object]:
                         return router.engine(dead).circuit != "closed"
 
                     results[kind] = await failover_run(
-                        lambda: router.generate([1], ONE), engs[1], evicted)  # fmt: skip
+                        lambda: router.generate([1], ONE), engs[1], evicted
+                    )
                 continue
             router_proc, rurl = await start_http_router(kind, args, py, urls)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
-                async def evicted_http(kind: str = kind, rurl: str = rurl,
-                                       dead: str = urls[1]) -> bool:  # fmt: skip
+                async def evicted_http(
+                    kind: str = kind, rurl: str = rurl, dead: str = urls[1]
+                ) -> bool:
                     if kind != "turnrl_http":
                         return False  # sglang-router exposes no per-engine circuit state
                     async with http.get(rurl + "/engines") as r:
                         return bool((await r.json())[dead]["circuit"] != "closed")
 
                 results[kind] = await failover_run(
-                    http_post(http, rurl + "/v1/completions"), engs[1], evicted_http)  # fmt: skip
+                    http_post(http, rurl + "/v1/completions"), engs[1], evicted_http
+                )
         finally:
             for p in [*engs, *([router_proc] if router_proc else [])]:
                 stop(p)
     return results
 
 
-async def start_http_router(kind: str, args: argparse.Namespace, py: str,
-                            urls: list[str]) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+async def start_http_router(
+    kind: str, args: argparse.Namespace, py: str, urls: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     if kind == "turnrl_http":
-        cmd = [py, "-m", "turnrl.rollout_router.http_router", "serve", "--port", str(port),
-               "--max-concurrency-per-engine", "1024"]  # fmt: skip
+        cmd = [
+            py,
+            "-m",
+            "turnrl.rollout_router.http_router",
+            "serve",
+            "--port",
+            str(port),
+            "--max-concurrency-per-engine",
+            "1024",
+        ]
         for u in urls:
             cmd += ["--engine", u]
     else:
-        cmd = [args.sglang_python, "-m", "sglang_router.launch_router", "--port", str(port),
-               "--policy", "round_robin", "--log-level", "error", "--worker-urls", *urls]  # fmt: skip
+        cmd = [
+            args.sglang_python,
+            "-m",
+            "sglang_router.launch_router",
+            "--port",
+            str(port),
+            "--policy",
+            "round_robin",
+            "--log-level",
+            "error",
+            "--worker-urls",
+            *urls,
+        ]
     proc = spawn(cmd)
     await wait_up(f"http://127.0.0.1:{port}/health", timeout=60)
     return proc, f"http://127.0.0.1:{port}"
@@ -257,8 +294,9 @@ async def start_http_router(kind: str, args: argparse.Namespace, py: str,
 async def run(args: argparse.Namespace) -> dict[str, object]:
     py = sys.executable
     ports = [free_port(), free_port()]
-    engines = [spawn([py, "-m", "turnrl.rollout_router.fake_engine", "--port", str(p)])
-               for p in ports]  # fmt: skip
+    engines = [
+        spawn([py, "-m", "turnrl.rollout_router.fake_engine", "--port", str(p)]) for p in ports
+    ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen[bytes]] = list(engines)
     try:
@@ -270,22 +308,28 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             proc, url = await start_http_router(kind, args, py, urls)
             procs.append(proc)
             routers[kind] = (url, proc.pid)
-        result = {"overhead": await overhead(args, urls, routers),
-                  "inproc_router_bookkeeping": await bookkeeping(urls)}  # fmt: skip
+        result = {
+            "overhead": await overhead(args, urls, routers),
+            "inproc_router_bookkeeping": await bookkeeping(urls),
+        }
     finally:
         for p in procs:
             stop(p)
     result["failover"] = await failover(args, py)
-    result["config"] = {"seconds_per_point": args.seconds, "cpus": os.cpu_count(),
-                        "sglang_router": bool(args.sglang_python)}  # fmt: skip
+    result["config"] = {
+        "seconds_per_point": args.seconds,
+        "cpus": os.cpu_count(),
+        "sglang_router": bool(args.sglang_python),
+    }
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement point")
-    parser.add_argument("--sglang-python", default=None,
-                        help="python of an env with sglang-router installed")  # fmt: skip
+    parser.add_argument(
+        "--sglang-python", default=None, help="python of an env with sglang-router installed"
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args)), indent=2, default=float))
 

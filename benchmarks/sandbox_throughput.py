@@ -80,8 +80,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="requests per measurement")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
-    report: dict[str, object] = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg()[0],
-                                 "requests": args.requests, "concurrency": args.concurrency}  # fmt: skip
+    report: dict[str, object] = {
+        "cpus": os.cpu_count(),
+        "load_avg_before": os.getloadavg()[0],
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+    }
     # Both servers run at once and each snippet is measured on both back to back, so the
     # pair sees the same machine load.
     with (

@@ -25,9 +25,20 @@ from turnrl.tool_envs.tool_calls import parse_tool_calls, to_openai_tool_calls
 from turnrl.tool_envs.trajectory import TrajectoryBuilder, TrajectoryLimits
 
 TURNS, REPEATS = 10, 9
-TOOLS = [{"type": "function", "function": {"name": "get_order_details", "description": "Get an order.",
-          "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                         "required": ["order_id"]}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order_details",
+            "description": "Get an order.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        },
+    }
+]
 
 
 def tokenizer_dir() -> Path:
@@ -44,15 +55,24 @@ def turn_text(i: int) -> str:
 
 
 def tool_result(i: int) -> str:
-    items = [{"item_id": f"{i}{k:04d}", "name": "T-Shirt", "price": 10.5 + k,
-              "options": {"color": "blue", "size": "M"}} for k in range(12)]  # fmt: skip
+    items = [
+        {
+            "item_id": f"{i}{k:04d}",
+            "name": "T-Shirt",
+            "price": 10.5 + k,
+            "options": {"color": "blue", "size": "M"},
+        }
+        for k in range(12)
+    ]
     return json.dumps({"order_id": f"#W{i}", "status": "pending", "items": items})
 
 
 def episode(chat: ChatTokenizer, check: bool) -> list[float]:
     limits = TrajectoryLimits(max_context_tokens=32768, check_prefix=check)
-    first = [{"role": "system", "content": "You are a retail agent."},
-             {"role": "user", "content": "Where are my orders?"}]  # fmt: skip
+    first = [
+        {"role": "system", "content": "You are a retail agent."},
+        {"role": "user", "content": "Where are my orders?"},
+    ]
     builder = TrajectoryBuilder(chat, first, TOOLS, limits)
     times = []
     for i in range(TURNS):
@@ -60,8 +80,13 @@ def episode(chat: ChatTokenizer, check: bool) -> list[float]:
         start = time.perf_counter()
         text = builder.add_generation(Generation(ids, [-0.1] * len(ids), "stop"))
         parsed = parse_tool_calls(text)
-        builder.add_message({"role": "assistant", "content": parsed.content,
-                             "tool_calls": to_openai_tool_calls(parsed.tool_calls)})  # fmt: skip
+        builder.add_message(
+            {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": to_openai_tool_calls(parsed.tool_calls),
+            }
+        )
         call_id = builder.messages[-1]["tool_calls"][0]["id"]
         builder.add_observations(
             [{"role": "tool", "tool_call_id": call_id, "content": tool_result(i)}]
@@ -95,26 +120,35 @@ def main() -> None:
         "builder_ms_per_turn": round(1000 * statistics.median(built), 3),
         "builder_checked_ms_per_turn": round(1000 * statistics.median(checked), 3),
     }
-    result["checked_vs_retokenize"] = round(result["builder_checked_ms_per_turn"]
-                                            / result["retokenize_ms_per_turn"], 2)  # fmt: skip
+    result["checked_vs_retokenize"] = round(
+        result["builder_checked_ms_per_turn"] / result["retokenize_ms_per_turn"], 2
+    )
     if importlib.util.find_spec("transformers") is not None:
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
         ours = _time(lambda: chat.render(conversation, TOOLS, True))
-        theirs = _time(lambda: hf.apply_chat_template(conversation, tools=TOOLS,
-                                                      add_generation_prompt=True, tokenize=False))  # fmt: skip
+        theirs = _time(
+            lambda: hf.apply_chat_template(
+                conversation, tools=TOOLS, add_generation_prompt=True, tokenize=False
+            )
+        )
         assert chat.render(conversation, TOOLS, True) == hf.apply_chat_template(
             conversation, tools=TOOLS, add_generation_prompt=True, tokenize=False
         )
-        result.update(render_ms=round(1000 * ours, 3), transformers_render_ms=round(1000 * theirs, 3),
-                      render_speedup=round(theirs / ours, 2))  # fmt: skip
+        result.update(
+            render_ms=round(1000 * ours, 3),
+            transformers_render_ms=round(1000 * theirs, 3),
+            render_speedup=round(theirs / ours, 2),
+        )
     print(json.dumps(result, indent=2))
 
 
 def _conversation(chat: ChatTokenizer) -> list[dict]:
-    messages: list[dict] = [{"role": "system", "content": "You are a retail agent."},
-                            {"role": "user", "content": "Where are my orders?"}]  # fmt: skip
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a retail agent."},
+        {"role": "user", "content": "Where are my orders?"},
+    ]
     for i in range(TURNS):
         parsed = parse_tool_calls(turn_text(i))
         calls = to_openai_tool_calls(parsed.tool_calls)

@@ -57,8 +57,9 @@ def disk_baseline(trainer: TorchEngine, root: Path, repeats: int) -> dict[str, f
 
 def collective(trainer: TorchEngine, url: str, bucket_mb: float, repeats: int) -> dict[str, float]:
     """``repeats`` syncs (the first also sets up the group); best of the later ones."""
-    sync = CollectiveWeightSync(CollectiveSyncConfig(engine_urls=[url], backend="gloo",
-                                                     bucket_mb=bucket_mb))  # fmt: skip
+    sync = CollectiveWeightSync(
+        CollectiveSyncConfig(engine_urls=[url], backend="gloo", bucket_mb=bucket_mb)
+    )
 
     async def run() -> list[dict[str, float]]:
         out = [await sync.sync(trainer, v) for v in range(1, repeats + 2)]
@@ -67,8 +68,13 @@ def collective(trainer: TorchEngine, url: str, bucket_mb: float, repeats: int) -
 
     rows = asyncio.run(run())
     best = min(rows, key=lambda r: r["total_s"])
-    return {"seconds": best["total_s"], "transfer_s": best["transfer_s"], "bytes": best["bytes"],
-            "buckets": best["buckets"], "gb_per_s": best["bytes"] / best["total_s"] / 1e9}  # fmt: skip
+    return {
+        "seconds": best["total_s"],
+        "transfer_s": best["transfer_s"],
+        "bytes": best["bytes"],
+        "buckets": best["buckets"],
+        "gb_per_s": best["bytes"] / best["total_s"] / 1e9,
+    }
 
 
 def main() -> None:
@@ -80,18 +86,26 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        shape = TinyModelConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                                num_hidden_layers=args.layers, num_attention_heads=8,
-                                num_key_value_heads=4, head_dim=args.hidden // 8)  # fmt: skip
+        shape = TinyModelConfig(
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=args.hidden // 8,
+        )
         trainer = TorchEngine(
             TorchEngineConfig(model_path=str(build_tiny_model(root / "m", shape)))
         )
         proc, url = start_receiver()
         try:
-            result = {"model_params": sum(p.numel() for p in trainer.module.parameters()),
-                      "disk_baseline": disk_baseline(trainer, root / "export", args.repeats),
-                      "collective_gloo": {str(mb): collective(trainer, url, mb, args.repeats)
-                                          for mb in args.bucket_mb}}  # fmt: skip
+            result = {
+                "model_params": sum(p.numel() for p in trainer.module.parameters()),
+                "disk_baseline": disk_baseline(trainer, root / "export", args.repeats),
+                "collective_gloo": {
+                    str(mb): collective(trainer, url, mb, args.repeats) for mb in args.bucket_mb
+                },
+            }
         finally:
             proc.kill()
             proc.wait()

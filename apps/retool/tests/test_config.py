@@ -48,11 +48,30 @@ def test_default_and_smoke() -> None:
 
 
 def test_flags_override_the_preset() -> None:
-    config, _ = resolve([
-        "--preset", "qwen3-4b-gpu", "--num-rollout", "3", "--lr", "2e-6", "--sandbox-url",
-        "http://sandbox:8080", "--val-data", "a.parquet", "--val-data", "b.jsonl",
-        "--no-sft", "--use-kl-loss", "--kl-loss-coef", "0.001", "--run-dir", "out", "--seed", "7",
-    ])  # fmt: skip
+    config, _ = resolve(
+        [
+            "--preset",
+            "qwen3-4b-gpu",
+            "--num-rollout",
+            "3",
+            "--lr",
+            "2e-6",
+            "--sandbox-url",
+            "http://sandbox:8080",
+            "--val-data",
+            "a.parquet",
+            "--val-data",
+            "b.jsonl",
+            "--no-sft",
+            "--use-kl-loss",
+            "--kl-loss-coef",
+            "0.001",
+            "--run-dir",
+            "out",
+            "--seed",
+            "7",
+        ]
+    )
     assert config.rl.num_rollout == 3 and config.rl.lr == 2e-6
     assert config.sandbox.url == "http://sandbox:8080"
     assert config.data.val_paths == ["a.parquet", "b.jsonl"]

@@ -22,8 +22,13 @@ from turnrl.tool_envs.trajectory import Trajectory
 def episode(group: str, correct: bool, model_tokens: int = 4, tool_tokens: int = 2) -> Trajectory:
     """A scored ReTool-like trajectory: ``model_tokens`` policy tokens then tool tokens."""
     mask = [1] * model_tokens + [0] * tool_tokens
-    t = Trajectory(prompt_ids=[1, 2], response_ids=[5] * len(mask), loss_mask=mask,
-                   rollout_logprobs=[-0.5 * m for m in mask], group_id=group)  # fmt: skip
+    t = Trajectory(
+        prompt_ids=[1, 2],
+        response_ids=[5] * len(mask),
+        loss_mask=mask,
+        rollout_logprobs=[-0.5 * m for m in mask],
+        group_id=group,
+    )
     t.reward = 1.0 if correct else -0.9
     t.reward_breakdown = {"correct": float(correct)}
     return t
@@ -64,21 +69,28 @@ def scripted_loop(solvable: set[int], rl: RLStageConfig) -> tuple[GRPOLoop, list
 
     async def generate(prompts: list[int], n: int) -> list[Trajectory]:
         calls.append(list(prompts))
-        return [episode(f"r{len(calls)}-{i}", p in solvable and k % 2 == 0)
-                for i, p in enumerate(prompts) for k in range(n)]  # fmt: skip
+        return [
+            episode(f"r{len(calls)}-{i}", p in solvable and k % 2 == 0)
+            for i, p in enumerate(prompts)
+            for k in range(n)
+        ]
 
     async def reward(samples: list[Trajectory]) -> list[float]:
         return [s.reward for s in samples]
 
-    config = LoopConfig(rollout_batch_size=rl.rollout_batch_size,
-                        n_samples_per_prompt=rl.n_samples_per_prompt, global_batch_size=4)  # fmt: skip
+    config = LoopConfig(
+        rollout_batch_size=rl.rollout_batch_size,
+        n_samples_per_prompt=rl.n_samples_per_prompt,
+        global_batch_size=4,
+    )
     loop = GRPOLoop(config, None, list(range(12)), generate, reward, weight_sync=None, pad_id=0)
     return loop, calls
 
 
 async def test_dynamic_sampling_refills_until_enough_informative_groups() -> None:
-    rl = RLStageConfig(rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True,
-                       gen_batch_size=3)  # fmt: skip
+    rl = RLStageConfig(
+        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, gen_batch_size=3
+    )
     loop, calls = scripted_loop({1, 4, 5}, rl)
     kept, seconds, stats = await collect_informative(loop, rl)
     assert len(calls) == 2 and len(calls[0]) == 3  # round 1 finds one, round 2 the second
@@ -91,8 +103,9 @@ async def test_dynamic_sampling_refills_until_enough_informative_groups() -> Non
 
 
 async def test_dynamic_sampling_gives_up_after_max_rounds_and_trains_what_it_has() -> None:
-    rl = RLStageConfig(rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True,
-                       max_num_gen_batches=3)  # fmt: skip
+    rl = RLStageConfig(
+        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, max_num_gen_batches=3
+    )
     loop, calls = scripted_loop(set(), rl)  # nothing solvable: every group is filtered
     kept, _, stats = await collect_informative(loop, rl)
     assert len(calls) == 3
@@ -108,8 +121,19 @@ def test_dapo_presets_and_flags() -> None:
         assert rl.dynamic_sampling and rl.filter_metric == "acc" and rl.overlong_buffer_len == 4096
         assert rl.gen_batch_size == 3 * rl.rollout_batch_size
     assert not preset("qwen2.5-7b-npu").rl.dynamic_sampling  # GRPO with the rule reward
-    config, _ = resolve(["--dynamic-sampling", "--filter-metric", "reward", "--gen-batch-size",
-                         "16", "--overlong-buffer-len", "64", "--max-num-gen-batches", "2"])  # fmt: skip
+    config, _ = resolve(
+        [
+            "--dynamic-sampling",
+            "--filter-metric",
+            "reward",
+            "--gen-batch-size",
+            "16",
+            "--overlong-buffer-len",
+            "64",
+            "--max-num-gen-batches",
+            "2",
+        ]
+    )
     rl = config.rl
     assert rl.dynamic_sampling and rl.filter_metric == "reward" and rl.gen_batch_size == 16
     assert (rl.overlong_buffer_len, rl.max_num_gen_batches) == (64, 2)
@@ -117,17 +141,23 @@ def test_dapo_presets_and_flags() -> None:
     assert not off.rl.dynamic_sampling
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--filter-metric", "score"], "filter_metric"),
-    (["--gen-batch-size", "0"], "gen_batch_size"),
-    (["--max-num-gen-batches", "0"], "max_num_gen_batches"),
-    (["--dynamic-sampling", "--n-samples-per-prompt", "1", "--global-batch-size", "8"],
-     "n_samples_per_prompt >= 2"),
-    (["--overlong-buffer-len", "100000"], "overlong_buffer_len"),
-    (["--overlong-penalty-factor", "-1"], "overlong_penalty_factor"),
-])  # fmt: skip
-def test_bad_dapo_settings_are_refused(flags: list[str], message: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--filter-metric", "score"], "filter_metric"),
+        (["--gen-batch-size", "0"], "gen_batch_size"),
+        (["--max-num-gen-batches", "0"], "max_num_gen_batches"),
+        (
+            ["--dynamic-sampling", "--n-samples-per-prompt", "1", "--global-batch-size", "8"],
+            "n_samples_per_prompt >= 2",
+        ),
+        (["--overlong-buffer-len", "100000"], "overlong_buffer_len"),
+        (["--overlong-penalty-factor", "-1"], "overlong_penalty_factor"),
+    ],
+)
+def test_bad_dapo_settings_are_refused(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         resolve(flags)
     assert message in capsys.readouterr().err

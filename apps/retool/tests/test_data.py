@@ -36,18 +36,31 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def dapo_rows() -> list[dict]:
     def prompt(problem: str) -> list[dict]:
-        return [{"role": "user", "content": f"{DAPO_PREFIX} The last line of your response "
-                 "should be of the form Answer: $Answer (without quotes) where $Answer is the "
-                 f"answer to the problem.\n\n{problem}\n\n{DAPO_SUFFIX}"}]  # fmt: skip
+        return [
+            {
+                "role": "user",
+                "content": f"{DAPO_PREFIX} The last line of your response "
+                "should be of the form Answer: $Answer (without quotes) where $Answer is the "
+                f"answer to the problem.\n\n{problem}\n\n{DAPO_SUFFIX}",
+            }
+        ]
 
     return [
-        {"data_source": "math_dapo", "prompt": prompt("What is 2+3?"), "ability": "MATH",
-         "reward_model": {"ground_truth": "5", "style": "rule-lighteval/MATH_v2"},
-         "extra_info": {"index": "a1"}},
-        {"data_source": "math_dapo", "prompt": prompt("Find x if 2x = 14."), "ability": "MATH",
-         "reward_model": {"ground_truth": "7", "style": "rule-lighteval/MATH_v2"},
-         "extra_info": {"index": "7"}},
-    ]  # fmt: skip
+        {
+            "data_source": "math_dapo",
+            "prompt": prompt("What is 2+3?"),
+            "ability": "MATH",
+            "reward_model": {"ground_truth": "5", "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": "a1"},
+        },
+        {
+            "data_source": "math_dapo",
+            "prompt": prompt("Find x if 2x = 14."),
+            "ability": "MATH",
+            "reward_model": {"ground_truth": "7", "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": "7"},
+        },
+    ]
 
 
 def test_dapo_parquet_schema_loads_problem_and_ground_truth(tmp_path: Path) -> None:
@@ -77,14 +90,21 @@ def test_dapo_missing_ground_truth_is_an_error(tmp_path: Path) -> None:
 
 def test_aime_2024_and_2025_schemas(tmp_path: Path) -> None:
     a24 = tmp_path / "aime24.parquet"
-    pq.write_table(pa.Table.from_pylist([
-        {"ID": "2024-I-1", "Problem": "P one", "Solution": "...", "Answer": 204},
-        {"ID": "2024-I-2", "Problem": "P two", "Solution": "...", "Answer": 25},
-    ]), a24)  # fmt: skip
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"ID": "2024-I-1", "Problem": "P one", "Solution": "...", "Answer": 204},
+                {"ID": "2024-I-2", "Problem": "P two", "Solution": "...", "Answer": 25},
+            ]
+        ),
+        a24,
+    )
     a25 = write_jsonl(tmp_path / "aime25.jsonl", [{"id": 0, "problem": "Q", "answer": "70"}])
     tasks24, tasks25 = load_aime2024(a24), load_aime2025(a25)
     assert [(t.problem, t.answer, t.data_source) for t in tasks24] == [
-        ("P one", "204", "aime_2024"), ("P two", "25", "aime_2024")]  # fmt: skip
+        ("P one", "204", "aime_2024"),
+        ("P two", "25", "aime_2024"),
+    ]
     assert [(t.problem, t.answer, t.data_source) for t in tasks25] == [("Q", "70", "aime_2025")]
     assert load_aime(a24)[0].data_source == "aime_2024"  # schema detected
     assert load_aime(a25, data_source="aime25")[0].data_source == "aime25"
@@ -121,7 +141,9 @@ def test_split_assistant_makes_tool_calls_and_tool_messages() -> None:
     first = messages[0]
     assert first["content"] == "Let me compute the sum first."
     assert first["tool_calls"][0]["function"] == {
-        "name": "code_interpreter", "arguments": {"code": "print(sum(range(10)))"}}  # fmt: skip
+        "name": "code_interpreter",
+        "arguments": {"code": "print(sum(range(10)))"},
+    }
     assert messages[1]["content"] == "45"
     assert messages[1]["tool_call_id"] == first["tool_calls"][0]["id"]
     assert messages[2]["content"] == "Now the square."
@@ -137,10 +159,18 @@ def test_interpreter_without_code_is_an_error() -> None:
 
 
 def test_retool_sft_jsonl_and_parquet(tmp_path: Path) -> None:
-    chat = {"messages": [{"role": "user", "content": "Compute 45 squared."},
-                         {"role": "assistant", "content": RETOOL_ASSISTANT}]}  # fmt: skip
-    plain = {"messages": [{"role": "user", "content": "Hi"},
-                          {"role": "assistant", "content": "\\boxed{1}"}]}  # fmt: skip
+    chat = {
+        "messages": [
+            {"role": "user", "content": "Compute 45 squared."},
+            {"role": "assistant", "content": RETOOL_ASSISTANT},
+        ]
+    }
+    plain = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "\\boxed{1}"},
+        ]
+    }
     for path in (tmp_path / "sft.jsonl", tmp_path / "sft.parquet"):
         if path.suffix == ".jsonl":
             write_jsonl(path, [chat, plain])
@@ -148,10 +178,18 @@ def test_retool_sft_jsonl_and_parquet(tmp_path: Path) -> None:
             pq.write_table(pa.Table.from_pylist([chat, plain]), path)
         chats = load_retool_sft(path)
         assert len(chats) == 2
-        assert [m["role"] for m in chats[0]] == ["user", "assistant", "tool", "assistant", "tool",
-                                                 "assistant"]  # fmt: skip
-        assert chats[1] == [{"role": "user", "content": "Hi"},
-                            {"role": "assistant", "content": "\\boxed{1}"}]  # fmt: skip
+        assert [m["role"] for m in chats[0]] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        assert chats[1] == [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "\\boxed{1}"},
+        ]
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])
     with pytest.raises(DatasetError, match="row 0: chat has no assistant"):
         load_retool_sft(bad)

@@ -37,16 +37,19 @@ class ScriptedPolicy:
         self.chat, self.use_tool, self.wrong = chat, use_tool, wrong
         self.calls = 0
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       session_id: str | None = None) -> Generation:  # fmt: skip
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
         self.calls += 1
         text = self.chat.decode(prompt_ids)
         outputs = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
         if self.use_tool and not outputs:
             user = text[text.rindex("<|im_start|>user") :]
             expression = " ".join(re.findall(r"\d+", user)[:2]).replace(" ", " * ")
-            reply = ('Let me compute.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
-                     f'{{"code": "print({expression})"}}}}\n</tool_call>')  # fmt: skip
+            reply = (
+                'Let me compute.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
+                f'{{"code": "print({expression})"}}}}\n</tool_call>'
+            )
         else:
             answer = "0" if self.wrong or not outputs else outputs[-1].strip()
             reply = f"The result is \\boxed{{{answer}}}."
@@ -76,8 +79,14 @@ def tasks(num: int):
 
 
 def test_verl_turn_count() -> None:
-    one_round = [{"role": "system"}, {"role": "user"}, {"role": "assistant"}, {"role": "tool"},
-                 {"role": "tool"}, {"role": "assistant"}]  # fmt: skip
+    one_round = [
+        {"role": "system"},
+        {"role": "user"},
+        {"role": "assistant"},
+        {"role": "tool"},
+        {"role": "tool"},
+        {"role": "assistant"},
+    ]
     assert verl_num_turns(one_round) == 4  # user, assistant, tool block, assistant
     assert verl_num_turns([{"role": "user"}, {"role": "assistant"}]) == 2
 
@@ -150,8 +159,9 @@ async def test_tool_schema_in_prompt_is_a_setting(chat, sandbox_client) -> None:
 async def test_per_problem_accuracy_and_its_standard_error(chat, sandbox_client) -> None:
     settings = episode_settings(preset("smoke"), chat, sandbox_client, 1.0, 1.0)
     right = await run_tasks(ScriptedPolicy(chat), settings, tasks(2), n=2, group_prefix="a")
-    wrong = await run_tasks(ScriptedPolicy(chat, wrong=True), settings, tasks(2), n=2,
-                            group_prefix="b")  # fmt: skip
+    wrong = await run_tasks(
+        ScriptedPolicy(chat, wrong=True), settings, tasks(2), n=2, group_prefix="b"
+    )
     trajs = [right[0], wrong[0], right[2], right[3], wrong[2], wrong[3]]
     trajs[1].group_id = "a-0"  # problem a-0: one right, one wrong
     assert per_problem_accuracy(trajs) == [0.5, 1.0, 0.0]

@@ -62,11 +62,14 @@ def test_aime_files_replace_generated_validation(tmp_path: Path) -> None:
     a24.write_text("".join(json.dumps({"Problem": f"P{i}", "Answer": i}) + "\n" for i in range(5)))
     a25 = tmp_path / "a25.jsonl"
     a25.write_text(json.dumps({"problem": "Q", "answer": "3"}) + "\n")
-    config, _ = resolve(["--smoke", "--val-data", str(a24), "--val-data", str(a25),
-                         "--max-val-problems", "2"])  # fmt: skip
+    config, _ = resolve(
+        ["--smoke", "--val-data", str(a24), "--val-data", str(a25), "--max-val-problems", "2"]
+    )
     data = Datasets(config, "x")
     assert {k: [t.answer for t in v] for k, v in data.val.items()} == {
-        "aime_2024": ["0", "1"], "aime_2025": ["3"]}  # fmt: skip
+        "aime_2024": ["0", "1"],
+        "aime_2025": ["3"],
+    }
 
 
 def test_external_sandbox_url_starts_nothing() -> None:
@@ -92,10 +95,18 @@ def test_embedded_sandbox_runs_for_the_block_only() -> None:
 
 def test_summary_reports_the_delta_honestly() -> None:
     config, _ = resolve(["--smoke"])
-    before = {"val-core/a/acc/mean@2": 0.5, "val-core/b/acc/mean@2": 0.25,
-              "val-aux/num_turns/mean": 4.0, "val-aux/tokens_per_s": 100.0}  # fmt: skip
-    after = {"val-core/a/acc/mean@2": 0.25, "val-core/b/acc/mean@2": 0.25,
-             "val-aux/num_turns/mean": 3.0, "val-aux/tokens_per_s": 120.0}  # fmt: skip
+    before = {
+        "val-core/a/acc/mean@2": 0.5,
+        "val-core/b/acc/mean@2": 0.25,
+        "val-aux/num_turns/mean": 4.0,
+        "val-aux/tokens_per_s": 100.0,
+    }
+    after = {
+        "val-core/a/acc/mean@2": 0.25,
+        "val-core/b/acc/mean@2": 0.25,
+        "val-aux/num_turns/mean": 3.0,
+        "val-aux/tokens_per_s": 120.0,
+    }
     assert accuracy(before) == 0.375
     phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
     history = [{"rollout/reward_mean": -0.9}, {"rollout/reward_mean": -0.5}]
@@ -129,12 +140,20 @@ def test_standard_errors_are_over_problems_and_the_delta_is_paired() -> None:
 
 def test_summary_and_table_carry_standard_errors() -> None:
     config, _ = resolve(["--smoke"])
-    before = {"val-core/a/acc/mean@2": 0.25, "val-aux/num_turns/mean": 4.0,
-              "val-aux/tokens_per_s": 1.0}  # fmt: skip
+    before = {
+        "val-core/a/acc/mean@2": 0.25,
+        "val-aux/num_turns/mean": 4.0,
+        "val-aux/tokens_per_s": 1.0,
+    }
     after = {**before, "val-core/a/acc/mean@2": 0.5}
     phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
-    history = [{"rollout/reward_mean": 0.0, "rollout/dynamic_sampling/filtered_groups": 3.0,
-                "rollout/dynamic_sampling/gen_batches": 2.0}] * 2  # fmt: skip
+    history = [
+        {
+            "rollout/reward_mean": 0.0,
+            "rollout/dynamic_sampling/filtered_groups": 3.0,
+            "rollout/dynamic_sampling/gen_batches": 2.0,
+        }
+    ] * 2
     per_problem = ({"a": [0.0, 0.5]}, {"a": [0.5, 0.5]})
     summary = make_summary(config, before, after, history, phases, 10.0, per_problem)
     assert summary["acc_delta_se"] == pytest.approx(0.25)

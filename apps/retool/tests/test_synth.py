@@ -46,8 +46,10 @@ def test_sft_chat_shape() -> None:
     chat = sft_chat(p, DEFAULT_INSTRUCTION)
     assert [m["role"] for m in chat] == ["user", "assistant", "tool", "assistant"]
     call = chat[1]["tool_calls"][0]
-    assert call["function"] == {"name": "code_interpreter",
-                                "arguments": {"code": f"print({p.expression})"}}  # fmt: skip
+    assert call["function"] == {
+        "name": "code_interpreter",
+        "arguments": {"code": f"print({p.expression})"},
+    }
     assert chat[2]["tool_call_id"] == call["id"] and chat[2]["content"] == str(p.answer)
     assert chat[3]["content"].endswith(f"\\boxed{{{p.answer}}}.")
 

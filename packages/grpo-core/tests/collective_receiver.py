@@ -33,9 +33,15 @@ from safetensors.torch import save_file
 class Receiver:
     """The engine-side state: group, received weights, version, call counts."""
 
-    def __init__(self, reject_init: bool = False, stale_version: bool = False,
-                 reject_update: bool = False, world_size: int = 1, no_transfer_api: bool = False,
-                 record_only: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reject_init: bool = False,
+        stale_version: bool = False,
+        reject_update: bool = False,
+        world_size: int = 1,
+        no_transfer_api: bool = False,
+        record_only: bool = False,
+    ) -> None:
         self.reject_init = reject_init
         """Answer 400 to ``/init_weight_transfer_engine``."""
         self.stale_version = stale_version
@@ -64,8 +70,13 @@ class Receiver:
         if self.record_only:
             return
         timeout = datetime.timedelta(seconds=60)
-        store = dist.TCPStore(info["master_address"], info["master_port"], info["world_size"],
-                              is_master=False, timeout=timeout)  # fmt: skip
+        store = dist.TCPStore(
+            info["master_address"],
+            info["master_port"],
+            info["world_size"],
+            is_master=False,
+            timeout=timeout,
+        )
         prefixed = dist.PrefixStore("turnrl_weight_transfer", store)
         self.group = dist.ProcessGroupGloo(
             prefixed, info["rank_offset"], info["world_size"], timeout
@@ -82,13 +93,19 @@ class Receiver:
         sizes = [math.prod(s) * d.itemsize for s, d in zip(info["shapes"], dtypes, strict=True)]
         packed = torch.empty(sum(sizes), dtype=torch.uint8)
         self.group.broadcast([packed], dist.BroadcastOptions()).wait()
-        for name, shape, dtype, part in zip(info["names"], info["shapes"], dtypes,
-                                            packed.split(sizes), strict=True):  # fmt: skip
+        for name, shape, dtype, part in zip(
+            info["names"], info["shapes"], dtypes, packed.split(sizes), strict=True
+        ):
             self.weights[name] = part.clone().view(dtype).view(shape)
 
 
-TRANSFER_ROUTES = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
-                   "/finish_weight_update", "/shutdown_weight_transfer_engine")  # fmt: skip
+TRANSFER_ROUTES = (
+    "/init_weight_transfer_engine",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/shutdown_weight_transfer_engine",
+)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -115,8 +132,15 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/weight_info":
             self._reply(200, {"weight_version": r.version})
         elif self.path == "/received":
-            self._reply(200, {"calls": r.calls, "names": sorted(r.weights), "inits": r.inits,
-                              "updates": r.updates})  # fmt: skip
+            self._reply(
+                200,
+                {
+                    "calls": r.calls,
+                    "names": sorted(r.weights),
+                    "inits": r.inits,
+                    "updates": r.updates,
+                },
+            )
         elif self.path == "/health":
             self._reply(200, {})
         else:
@@ -147,8 +171,12 @@ class Handler(BaseHTTPRequestHandler):
                 Handler.receiver = Receiver(**body)
             elif route == "/dump":
                 save_file(r.weights, body["path"])
-            elif route not in ("/start_weight_update", "/pause", "/resume",
-                               "/shutdown_weight_transfer_engine"):  # fmt: skip
+            elif route not in (
+                "/start_weight_update",
+                "/pause",
+                "/resume",
+                "/shutdown_weight_transfer_engine",
+            ):
                 self._reply(404, {"error": route})
                 return
         except (ValueError, KeyError, TypeError) as exc:

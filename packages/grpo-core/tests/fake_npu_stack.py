@@ -65,27 +65,45 @@ class FakeStatelessProcessGroup:
         self.world_size = world_size
 
     @staticmethod
-    def create(host: str, port: int, rank: int, world_size: int,
-               data_expiration_seconds: int = 3600,
-               store_timeout: int = 300) -> FakeStatelessProcessGroup:  # fmt: skip
-        _record("StatelessProcessGroup.create", host=host, port=port, rank=rank,
-                world_size=world_size, store_timeout=store_timeout)  # fmt: skip
+    def create(
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        data_expiration_seconds: int = 3600,
+        store_timeout: int = 300,
+    ) -> FakeStatelessProcessGroup:
+        _record(
+            "StatelessProcessGroup.create",
+            host=host,
+            port=port,
+            rank=rank,
+            world_size=world_size,
+            store_timeout=store_timeout,
+        )
         return FakeStatelessProcessGroup(rank, world_size)
 
 
 class FakePyHcclCommunicator:
     """vllm-ascend's ``PyHcclCommunicator`` (``...device_communicators.pyhccl``)."""
 
-    def __init__(self, group: FakeStatelessProcessGroup, device: Any,
-                 library_path: str | None = None) -> None:  # fmt: skip
-        _record("PyHcclCommunicator", rank=group.rank, world_size=group.world_size,
-                device=str(device))  # fmt: skip
+    def __init__(
+        self, group: FakeStatelessProcessGroup, device: Any, library_path: str | None = None
+    ) -> None:
+        _record(
+            "PyHcclCommunicator", rank=group.rank, world_size=group.world_size, device=str(device)
+        )
         self.available = HCCL_LOADS
         self.disabled = not HCCL_LOADS
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
-        _record("broadcast", src=src, nbytes=tensor.numel() * tensor.element_size(),
-                dtype=str(tensor.dtype), on_current_stream=stream is STREAM)  # fmt: skip
+        _record(
+            "broadcast",
+            src=src,
+            nbytes=tensor.numel() * tensor.element_size(),
+            dtype=str(tensor.dtype),
+            on_current_stream=stream is STREAM,
+        )
         SENT.append(tensor.contiguous().view(torch.uint8).numpy().tobytes())
 
     def close(self) -> None:

@@ -267,8 +267,11 @@ def test_engine_without_transfer_api_raises_with_the_flags_to_start_it(
 ) -> None:
     urls = engines(receivers, no_transfer_api=(False, True))
     sync = CollectiveWeightSync(config(urls))
-    with pytest.raises(WeightSyncError, match=rf"{urls[1]} has no weight-transfer API "
-                       r"\(GET /get_world_size -> HTTP 404\)"):  # fmt: skip
+    with pytest.raises(
+        WeightSyncError,
+        match=rf"{urls[1]} has no weight-transfer API "
+        r"\(GET /get_world_size -> HTTP 404\)",
+    ):
         asyncio.run(sync.sync(trainer, 1))
     unchecked = CollectiveWeightSync(config(urls, check_world_size=False))
     with pytest.raises(WeightSyncError, match=r"POST /init_weight_transfer_engine -> HTTP 404"):
@@ -334,10 +337,25 @@ def test_fsdp_two_ranks_gather_shards_and_rank_zero_sends_full_weights(
     script = tmp_path / "worker.py"
     script.write_text(FSDP_WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1", TURNRL_DEVICE="cpu")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(script), str(model), str(tmp_path), url]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+        str(model),
+        str(tmp_path),
+        url,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = proc.communicate(timeout=300)
     finally:

@@ -69,8 +69,14 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def record_only_engines() -> Iterator[list[str]]:
     """Two stand-in receivers that record bodies only; engine 2 reports 2 workers."""
-    procs = [subprocess.Popen([sys.executable, str(TESTS / "collective_receiver.py"), "0"],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "collective_receiver.py"), "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     try:
         urls = []
         for proc, workers in zip(procs, (1, 2), strict=True):
@@ -102,8 +108,15 @@ def hccl_run(
 ) -> tuple[dict[str, Any], Path]:
     """One child-process sync over the mocked NPU boundary; its record and the model."""
     model = build_tiny_model(tmp_path_factory.mktemp("npu") / "m", TinyModelConfig(seed=0))
-    args = [sys.executable, "-c", CHILD, str(TESTS), str(model), ",".join(record_only_engines),
-            str(BUCKET_MB)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-c",
+        CHILD,
+        str(TESTS),
+        str(model),
+        ",".join(record_only_engines),
+        str(BUCKET_MB),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TURNRL_DEVICE="cpu")
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -119,22 +132,36 @@ def test_hccl_mocked_npu_boundary_rendezvous_matches_vllm_ascend_engine(
     calls = run["calls"]
     creates = [c for c in calls if c["call"] == "StatelessProcessGroup.create"]
     assert len(creates) == 2  # the sync, then the attempt with libhccl missing
-    assert creates[0] == {"call": "StatelessProcessGroup.create", "thread": "turnrl-weight-transfer",
-                          "host": "127.0.0.1", "port": run["port"], "rank": 0, "world_size": 4,
-                          "store_timeout": 20}  # fmt: skip
+    assert creates[0] == {
+        "call": "StatelessProcessGroup.create",
+        "thread": "turnrl-weight-transfer",
+        "host": "127.0.0.1",
+        "port": run["port"],
+        "rank": 0,
+        "world_size": 4,
+        "store_timeout": 20,
+    }
     comms = [c for c in calls if c["call"] == "PyHcclCommunicator"]
     assert [(c["rank"], c["world_size"], c["device"]) for c in comms] == [(0, 4, "npu:1")] * 2
     # the join thread selects the group's NPU before it creates the store and communicator
     first = calls.index(creates[0])
-    assert calls[first - 1] == {"call": "set_device", "thread": "turnrl-weight-transfer",
-                                "device": "npu:1"}  # fmt: skip
+    assert calls[first - 1] == {
+        "call": "set_device",
+        "thread": "turnrl-weight-transfer",
+        "device": "npu:1",
+    }
     assert run["engine_args"] == ["--weight-transfer-config", '{"backend": "hccl"}']
     for url, offset in zip(record_only_engines, (1, 2), strict=True):
         got = asyncio.run(_get(url, "/received"))
-        assert got["inits"][0] == {"master_address": "127.0.0.1", "master_port": run["port"],
-                                   "world_size": 4, "rank_offset": offset, "packed": True,
-                                   "packed_buffer_size_bytes": int(BUCKET_MB * 2**20),
-                                   "packed_num_buffers": 1}  # fmt: skip
+        assert got["inits"][0] == {
+            "master_address": "127.0.0.1",
+            "master_port": run["port"],
+            "world_size": 4,
+            "rank_offset": offset,
+            "packed": True,
+            "packed_buffer_size_bytes": int(BUCKET_MB * 2**20),
+            "packed_num_buffers": 1,
+        }
         assert got["calls"]["/shutdown_weight_transfer_engine"] == 1
 
 
@@ -214,8 +241,12 @@ def test_nccl_mocked_gpu_boundary_unique_id_rendezvous(monkeypatch: pytest.Monke
             return 0
 
     monkeypatch.setattr(transfer_group, "load_nccl", lambda path=None: FakeNccl())
-    cfg = CollectiveSyncConfig(engine_urls=["http://a:1", "http://b:2"], backend="nccl",
-                               device="cuda:3", workers_per_engine=[2, 1])  # fmt: skip
+    cfg = CollectiveSyncConfig(
+        engine_urls=["http://a:1", "http://b:2"],
+        backend="nccl",
+        device="cuda:3",
+        workers_per_engine=[2, 1],
+    )
     group = BACKENDS["nccl"].open_group(cfg, 1 + sum(cfg.engine_workers()))
     assert isinstance(group, NcclUniqueIdTransferGroup) and group.device == torch.device("cuda:3")
     info = group.init_info()
@@ -225,7 +256,10 @@ def test_nccl_mocked_gpu_boundary_unique_id_rendezvous(monkeypatch: pytest.Monke
 
 def test_backend_table_pairs_engine_backend_and_device() -> None:
     assert {name: (b.engine_backend, b.device_type) for name, b in BACKENDS.items()} == {
-        "nccl": ("nccl", "cuda"), "hccl": ("hccl", "npu"), "gloo": (None, "cpu")}  # fmt: skip
+        "nccl": ("nccl", "cuda"),
+        "hccl": ("hccl", "npu"),
+        "gloo": (None, "cpu"),
+    }
     gloo = CollectiveSyncConfig(engine_urls=["http://a:1"], backend="gloo")
     assert gloo.engine_args() == []
 

@@ -311,9 +311,14 @@ def test_reduce_train_metrics_weights_local_means_by_tokens() -> None:
     ranks = [
         {"loss": 0.5, "grad_norm": 2.0, "num_tokens": 40.0, "clip_frac": 0.1, "step_time_s": 1.0},
         {"loss": 0.5, "grad_norm": 2.0, "num_tokens": 40.0, "clip_frac": 0.4, "step_time_s": 3.0},
-        {"loss": 0.5, "grad_norm": 2.0, "num_tokens": 40.0, "clip_frac": float("nan"),
-         "step_time_s": 2.0},
-    ]  # fmt: skip
+        {
+            "loss": 0.5,
+            "grad_norm": 2.0,
+            "num_tokens": 40.0,
+            "clip_frac": float("nan"),
+            "step_time_s": 2.0,
+        },
+    ]
     out = reduce_train_metrics(ranks, [30, 10, 0])  # rank 2 held only a filler row
     assert out["loss"] == 0.5 and out["grad_norm"] == 2.0 and out["num_tokens"] == 40.0
     assert out["clip_frac"] == pytest.approx((0.1 * 30 + 0.4 * 10) / 40)
@@ -330,5 +335,10 @@ def test_bad_group_and_run_inputs_are_clear_errors() -> None:
         RayTrainerGroup(RayPlacement(PlacementConfig(accelerator="CPU")))
     run = RayGRPORun(PLACEMENT, TOY.trainer_config(tiny_model_path))
     with pytest.raises(RuntimeError, match=r"call RayGRPORun.start\(\) first"):
-        run.make_loop(TOY.loop_config(0), [[1]], toy_generate(ServedPolicy(tiny_model_path)),
-                      golden.toy_reward, pad_id=0)  # fmt: skip
+        run.make_loop(
+            TOY.loop_config(0),
+            [[1]],
+            toy_generate(ServedPolicy(tiny_model_path)),
+            golden.toy_reward,
+            pad_id=0,
+        )

@@ -38,11 +38,21 @@ QWEN3_4B = {
 }
 # The same script's Megatron flags (TP 2, sequence parallel, full recompute).
 SCRIPT_FLAGS = [
-    "--tensor-model-parallel-size", "2", "--sequence-parallel",
-    "--pipeline-model-parallel-size", "1", "--context-parallel-size", "1",
-    "--recompute-granularity", "full", "--recompute-method", "uniform",
-    "--recompute-num-layers", "1", "--bf16",
-]  # fmt: skip
+    "--tensor-model-parallel-size",
+    "2",
+    "--sequence-parallel",
+    "--pipeline-model-parallel-size",
+    "1",
+    "--context-parallel-size",
+    "1",
+    "--recompute-granularity",
+    "full",
+    "--recompute-method",
+    "uniform",
+    "--recompute-num-layers",
+    "1",
+    "--bf16",
+]
 
 
 def test_qwen3_4b_config_json_maps_every_field() -> None:
@@ -85,9 +95,13 @@ def test_script_flags_parse_to_the_parallel_config_and_leave_others() -> None:
     parallel, rest = parse_megatron_args([*SCRIPT_FLAGS, "--lr", "1e-6"])
     assert rest == ["--lr", "1e-6"]
     assert parallel == MegatronParallelConfig(
-        tensor_model_parallel_size=2, sequence_parallel=True, recompute_granularity="full",
-        recompute_method="uniform", recompute_num_layers=1, bf16=True,
-    )  # fmt: skip
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        bf16=True,
+    )
     assert parallel.effective_sequence_parallel and parallel.model_parallel_size == 2
 
 
@@ -110,8 +124,10 @@ def test_transformer_config_kwargs_for_the_script() -> None:
     assert kw["qk_layernorm"] and not kw["add_qkv_bias"] and not kw["add_bias_linear"]
     assert kw["tensor_model_parallel_size"] == 2 and kw["sequence_parallel"]
     assert (kw["recompute_granularity"], kw["recompute_method"], kw["recompute_num_layers"]) == (
-        "full", "uniform", 1,
-    )  # fmt: skip
+        "full",
+        "uniform",
+        1,
+    )
     assert kw["params_dtype"] == "bfloat16" and kw["bf16"]
     assert not kw["masked_softmax_fusion"] and not kw["use_cpu_initialization"]
 

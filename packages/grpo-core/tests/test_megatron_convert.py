@@ -27,9 +27,14 @@ from turnrl.grpo_core.megatron import (
 )
 
 SHAPE = {
-    "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 128,
-}  # fmt: skip
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 128,
+}
 
 
 def hf_model(kind: str, tied: bool, seed: int = 0) -> tuple[torch.nn.Module, QwenArchitecture]:
@@ -114,18 +119,29 @@ def test_fc1_is_gate_then_up_for_swiglu() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    groups=st.integers(1, 4), per_group=st.integers(1, 4), head_dim=st.integers(1, 8),
-    hidden=st.integers(1, 6), bias=st.booleans(),
-)  # fmt: skip
+    groups=st.integers(1, 4),
+    per_group=st.integers(1, 4),
+    head_dim=st.integers(1, 8),
+    hidden=st.integers(1, 6),
+    bias=st.booleans(),
+)
 def test_fuse_then_split_qkv_is_identity(
     groups: int, per_group: int, head_dim: int, hidden: int, bias: bool
 ) -> None:
-    arch = QwenArchitecture.from_hf_config({
-        "model_type": "qwen3", "vocab_size": 8, "hidden_size": hidden, "intermediate_size": 4,
-        "num_hidden_layers": 1, "num_attention_heads": groups * per_group,
-        "num_key_value_heads": groups, "head_dim": head_dim, "rope_theta": 1e4,
-        "max_position_embeddings": 8,
-    })  # fmt: skip
+    arch = QwenArchitecture.from_hf_config(
+        {
+            "model_type": "qwen3",
+            "vocab_size": 8,
+            "hidden_size": hidden,
+            "intermediate_size": 4,
+            "num_hidden_layers": 1,
+            "num_attention_heads": groups * per_group,
+            "num_key_value_heads": groups,
+            "head_dim": head_dim,
+            "rope_theta": 1e4,
+            "max_position_embeddings": 8,
+        }
+    )
     rest = () if bias else (hidden,)
     q = torch.randn(groups * per_group * head_dim, *rest)
     k, v = torch.randn(groups * head_dim, *rest), torch.randn(groups * head_dim, *rest)

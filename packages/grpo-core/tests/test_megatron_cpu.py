@@ -40,10 +40,15 @@ pytestmark = pytest.mark.megatron
 ATOL = 1e-5
 """Largest |log p_megatron - log p_hf| allowed (fp32; observed ~5e-7)."""
 SHAPE = {
-    "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "vocab_size": 384,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
     "rope_theta": 1e6,
-}  # fmt: skip
+}
 
 
 def hf_model(kind: str, seed: int = 0) -> tuple[torch.nn.Module, QwenArchitecture]:

@@ -44,9 +44,15 @@ def _gpus() -> int:
 def hf_model() -> tuple[torch.nn.Module, QwenArchitecture]:
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+    )
     model = Qwen3ForCausalLM(config)
     with torch.no_grad():
         for param in model.parameters():
@@ -103,9 +109,16 @@ def test_one_gpu_logprobs_match_hugging_face(tmp_path: Path) -> None:
 @pytest.mark.skipif(not HAVE_TE, reason="sequence parallelism needs Transformer Engine norms")
 def test_tp2_sequence_parallel_full_recompute_matches_hugging_face(tmp_path: Path) -> None:
     flags = [
-        "--tensor-model-parallel-size", "2", "--sequence-parallel", "--recompute-granularity",
-        "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
-    ]  # fmt: skip
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+    ]
     for result in _launch(2, flags, tmp_path):
         assert result["err"] < ATOL and result["finite"]
 

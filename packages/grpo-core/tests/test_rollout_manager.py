@@ -62,11 +62,26 @@ def make_episode(
         except Exception as exc:
             if not report_errors:
                 raise
-            return Traj(ids, [], [], [], status="failed", group_id=group_id,
-                        metadata={"error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            return Traj(
+                ids,
+                [],
+                [],
+                [],
+                status="failed",
+                group_id=group_id,
+                metadata={"error": f"{type(exc).__name__}: {exc}"},
+            )
         status = "aborted" if gen.finish_reason == "abort" else "completed"
-        return Traj(ids, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs, status=status,
-                    group_id=group_id, engine=gen.engine, session_id=session_id)  # fmt: skip
+        return Traj(
+            ids,
+            gen.token_ids,
+            [1] * len(gen.token_ids),
+            gen.logprobs,
+            status=status,
+            group_id=group_id,
+            engine=gen.engine,
+            session_id=session_id,
+        )
 
     return episode
 
@@ -110,8 +125,9 @@ async def router(engines: list[FakeEngine]) -> AsyncIterator[Router]:
 
 
 async def test_groups_in_prompt_order_with_rewards_set(router: Router):
-    manager = RolloutManager(make_episode(router, lambda p: 5), varying_when(lambda p: True),
-                             router)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 5), varying_when(lambda p: True), router
+    )
     samples = await manager.generate([10, 20, 30], 4)
     assert [s.prompt_ids[0] - 1 for s in samples] == [10] * 4 + [20] * 4 + [30] * 4
     assert [s.reward for s in samples[:4]] == [1.0, 0.0, 1.0, 0.0]
@@ -139,8 +155,9 @@ async def test_concurrency_bound_counts_in_flight_on_the_engines(engines, router
             await asyncio.sleep(0.001)
 
     config = RolloutManagerConfig(max_concurrency_per_engine=3)
-    manager = RolloutManager(make_episode(router, lambda p: 20), varying_when(lambda p: True),
-                             router, config)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 20), varying_when(lambda p: True), router, config
+    )
     watcher = asyncio.create_task(watch())
     try:
         samples = await manager.generate(list(range(8)), 3)
@@ -150,8 +167,12 @@ async def test_concurrency_bound_counts_in_flight_on_the_engines(engines, router
     # The router itself would allow 16 per engine: the manager's bound is what holds.
     assert 4 <= total_peak <= 6, peaks  # the bound holds (and is nearly reached)
     assert all(1 <= p <= 3 for p in peaks.values()), peaks
-    total = RolloutManager(make_episode(router, lambda p: 20), varying_when(lambda p: True),
-                           router, RolloutManagerConfig(max_concurrency=1))  # fmt: skip
+    total = RolloutManager(
+        make_episode(router, lambda p: 20),
+        varying_when(lambda p: True),
+        router,
+        RolloutManagerConfig(max_concurrency=1),
+    )
     peaks = {e.url: 0 for e in engines}
     total_peak = 0
     watcher = asyncio.create_task(watch())
@@ -166,8 +187,13 @@ async def test_dynamic_filter_oversamples_to_exactly_the_target(router: Router):
     source = counter_source(100)
     config = RolloutManagerConfig(dynamic_filter=True, over_sampling_batch_size=4)
     # Only prompts divisible by 3 give varying rewards: most groups are filtered out.
-    manager = RolloutManager(make_episode(router, lambda p: 3), varying_when(lambda p: p % 3 == 0),
-                             router, config, prompt_source=source)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 3),
+        varying_when(lambda p: p % 3 == 0),
+        router,
+        config,
+        prompt_source=source,
+    )
     samples = await manager.generate([0, 1, 2], 2)
     groups: dict[str, list[Traj]] = {}
     for s in samples:
@@ -180,14 +206,21 @@ async def test_dynamic_filter_oversamples_to_exactly_the_target(router: Router):
     assert m["rollout/groups_kept"] == 3
     assert m["rollout/groups_filtered"] >= 3  # 1, 2 and the non-multiples of 3 drawn
     assert m["rollout/sampling_rounds"] >= 2
-    assert m["rollout/groups_generated"] == m["rollout/groups_kept"] + m[
-        "rollout/groups_filtered"] + m["rollout/groups_surplus"]  # fmt: skip
+    assert (
+        m["rollout/groups_generated"]
+        == m["rollout/groups_kept"] + m["rollout/groups_filtered"] + m["rollout/groups_surplus"]
+    )
 
 
 async def test_filter_gives_up_with_a_clear_error_when_rewards_never_vary(router: Router):
     config = RolloutManagerConfig(dynamic_filter=True, max_sampling_rounds=3)
-    manager = RolloutManager(make_episode(router, lambda p: 2), varying_when(lambda p: False),
-                             router, config, prompt_source=counter_source(0))  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 2),
+        varying_when(lambda p: False),
+        router,
+        config,
+        prompt_source=counter_source(0),
+    )
     with pytest.raises(RuntimeError, match="kept 0 of 2 groups after 3 sampling rounds"):
         await manager.generate([0, 1], 2)
 
@@ -202,9 +235,13 @@ async def test_leftovers_are_aborted_and_drained(engines, router: Router):
         scored.append(samples[0].prompt_ids[0] - 1)
         return await score(samples)
 
-    manager = RolloutManager(make_episode(router, lambda p: 10 if p % 2 == 0 else 5000),
-                             reward, router, config,
-                             prompt_source=counter_source(100))  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 10 if p % 2 == 0 else 5000),
+        reward,
+        router,
+        config,
+        prompt_source=counter_source(100),
+    )
     start = time.monotonic()
     samples = await manager.generate([0, 1, 2, 3], 2)
     assert time.monotonic() - start < 10.0
@@ -225,8 +262,12 @@ async def test_engine_killed_mid_rollout_step_completes_on_the_other(
 ):
     survivor, victim = engines
     config = RolloutManagerConfig(max_retries=3, retry_backoff=0.05)
-    manager = RolloutManager(make_episode(router, lambda p: 200, report_errors=report_errors),
-                             varying_when(lambda p: True), router, config)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 200, report_errors=report_errors),
+        varying_when(lambda p: True),
+        router,
+        config,
+    )
     step = asyncio.create_task(manager.generate(list(range(4)), 2))
     while sum(router.engine(victim.url).client.in_flight_tokens().values()) < 20:
         assert not step.done()
@@ -244,8 +285,9 @@ async def test_engine_killed_mid_rollout_step_completes_on_the_other(
 
 async def test_all_engines_dead_is_a_clear_error_not_a_hang(engines, router: Router):
     config = RolloutManagerConfig(max_retries=2, retry_backoff=0.05)
-    manager = RolloutManager(make_episode(router, lambda p: 50), varying_when(lambda p: True),
-                             router, config)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 50), varying_when(lambda p: True), router, config
+    )
     step = asyncio.create_task(manager.generate([0, 1], 2))
     await asyncio.sleep(0.05)
     for engine in engines:
@@ -258,8 +300,9 @@ async def test_all_engines_dead_is_a_clear_error_not_a_hang(engines, router: Rou
 
 async def test_step_timeout_aborts_and_raises(engines, router: Router):
     config = RolloutManagerConfig(step_timeout=0.5)
-    manager = RolloutManager(make_episode(router, lambda p: 5000), varying_when(lambda p: True),
-                             router, config)  # fmt: skip
+    manager = RolloutManager(
+        make_episode(router, lambda p: 5000), varying_when(lambda p: True), router, config
+    )
     with pytest.raises(RolloutTimeoutError, match=r"kept 0 of 1 groups in 0\.5s"):
         await manager.generate([0], 2)
     assert all(engine.running == {} for engine in engines)
@@ -304,8 +347,9 @@ async def test_bad_calls_are_rejected(router: Router):
     filtered = RolloutManager(episode, reward, router, RolloutManagerConfig(dynamic_filter=True))
     with pytest.raises(ValueError, match="needs n >= 2"):
         await filtered.generate([1], 1)
-    oversample = RolloutManager(episode, reward, router,
-                                RolloutManagerConfig(over_sampling_batch_size=4))  # fmt: skip
+    oversample = RolloutManager(
+        episode, reward, router, RolloutManagerConfig(over_sampling_batch_size=4)
+    )
     with pytest.raises(RuntimeError, match="no prompt_source"):
         await oversample.generate([1], 2)
 

@@ -92,14 +92,26 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
             ids = [1, 93, 443, 207 + prompt]
             gen = await router.generate(ids, PARAMS, session_id)
             status = "aborted" if gen.finish_reason == "abort" else "completed"
-            return Traj(ids, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs, status,
-                        gen.engine, session_id, group_id=group_id)  # fmt: skip
+            return Traj(
+                ids,
+                gen.token_ids,
+                [1] * len(gen.token_ids),
+                gen.logprobs,
+                status,
+                gen.engine,
+                session_id,
+                group_id=group_id,
+            )
 
         async def reward(samples: list[Traj]) -> list[float]:
             return [float(len(set(s.response_ids)) % 2) for s in samples]
 
-        manager = RolloutManager(episode, reward, router, RolloutManagerConfig(
-            max_concurrency_per_engine=4, max_retries=2, retry_backoff=0.5))  # fmt: skip
+        manager = RolloutManager(
+            episode,
+            reward,
+            router,
+            RolloutManagerConfig(max_concurrency_per_engine=4, max_retries=2, retry_backoff=0.5),
+        )
         step = asyncio.create_task(manager.generate([0, 1, 2, 3], 2))
         b = router.engine(victim.url).client
         while sum(b.in_flight_tokens().values()) < 100:
@@ -122,10 +134,13 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
     kept = {s.session_id for s in samples if s.engine == victim.url}
     assert all(sid.endswith("-a0") for sid in kept)
     assert {s.engine for s in samples} - {victim.url} == {survivor.url}
-    rerun = {s.session_id.rsplit("-a", 1)[0] + "-a0" for s in samples
-             if not s.session_id.endswith("-a0")}  # fmt: skip
+    rerun = {
+        s.session_id.rsplit("-a", 1)[0] + "-a0" for s in samples if not s.session_id.endswith("-a0")
+    }
     assert rerun == held - kept and rerun
     retries = manager.metrics["rollout/episode_retries"]
     assert retries >= len(rerun)
-    print(f"victim had {on_victim} episodes; {retries:.0f} retries; step done {recovered_s:.1f}s "
-          f"after the kill; metrics {manager.metrics}")  # fmt: skip
+    print(
+        f"victim had {on_victim} episodes; {retries:.0f} retries; step done {recovered_s:.1f}s "
+        f"after the kill; metrics {manager.metrics}"
+    )

@@ -70,10 +70,24 @@ def test_fsdp2_two_cpu_ranks_match_one_process(
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1", TURNRL_DEVICE="cpu")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(script), str(model), str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+        str(model),
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = proc.communicate(timeout=240)
     finally:

@@ -66,9 +66,14 @@ def test_exported_weights_decode_the_same_in_vllm(tmp_path: Path) -> None:
     script.write_text(VLLM_SCRIPT)
     out = tmp_path / "tokens.json"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.Popen([str(python), str(script), str(folder), PROMPT, str(out)], env=env,
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(python), str(script), str(folder), PROMPT, str(out)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         log, _ = proc.communicate(timeout=800)
     finally:

@@ -73,10 +73,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineServ
     root = tmp_path_factory.mktemp("reloads-vllm")
     model = build_tiny_model(root / "model", python, TinyModelConfig(seed=0))
     server = EngineServer(
-        EngineSpec(model=str(model), port=free_port(), served_model_name="tiny",
-                   max_model_len=512, extra_args=["--enforce-eager"]),
+        EngineSpec(
+            model=str(model),
+            port=free_port(),
+            served_model_name="tiny",
+            max_model_len=512,
+            extra_args=["--enforce-eager"],
+        ),
         log_dir=root,
-    )  # fmt: skip
+    )
     server.start()
     try:
         yield server, root

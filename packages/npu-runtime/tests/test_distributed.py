@@ -72,10 +72,21 @@ def test_two_processes_all_reduce_over_gloo(real_torch, port, tmp_path):
     script.write_text(textwrap.dedent(WORKER))
     procs = []
     for rank in range(2):
-        env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                                      text=True, env={**_base_env(), **env}))  # fmt: skip
+        env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**_base_env(), **env},
+            )
+        )
     outputs = []
     try:
         for p in procs:

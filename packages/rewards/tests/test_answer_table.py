@@ -40,8 +40,18 @@ CASES = [
 def test_table_is_large_and_covers_every_category():
     counts = collections.Counter(row[0] for row in ROWS)
     assert len(ROWS) >= 150
-    for category in ("integer", "fraction", "radical", "interval", "set", "matrix", "unit",
-                     "percent", "scientific", "malformed"):  # fmt: skip
+    for category in (
+        "integer",
+        "fraction",
+        "radical",
+        "interval",
+        "set",
+        "matrix",
+        "unit",
+        "percent",
+        "scientific",
+        "malformed",
+    ):
         assert counts[category] >= 4, category
     # Both verdicts occur in every mode, so no mode passes by always answering the same.
     for i in range(3):

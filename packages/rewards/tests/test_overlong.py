@@ -39,9 +39,12 @@ def test_factor_scales():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"max_len": 100, "buffer_len": 0}, "buffer_len"), ({"max_len": 10, "buffer_len": 20}, "max_len"),
-     ({"max_len": 100, "buffer_len": 10, "penalty_factor": -1}, "penalty_factor")],
-)  # fmt: skip
+    [
+        ({"max_len": 100, "buffer_len": 0}, "buffer_len"),
+        ({"max_len": 10, "buffer_len": 20}, "max_len"),
+        ({"max_len": 100, "buffer_len": 10, "penalty_factor": -1}, "penalty_factor"),
+    ],
+)
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         OverlongConfig(**kwargs)

@@ -18,9 +18,29 @@ from turnrl.rewards import (
 )
 from turnrl.rewards.math_normalize import format_rational
 
-TOKENS = [*"0123456789abcxyz+-*/^_.,()[]{}$%= ~\\", "\\frac", "\\dfrac", "\\sqrt", "\\left",
-          "\\right", "\\text{cm}", "\\text{", "\\%", "\\pi", "\\cdot", "\\times", "^\\circ",
-          "\\!", "\\,", "\\\\", "{,}", "\\begin{pmatrix}", "\\mbox{", " cm", "x="]  # fmt: skip
+TOKENS = [
+    *"0123456789abcxyz+-*/^_.,()[]{}$%= ~\\",
+    "\\frac",
+    "\\dfrac",
+    "\\sqrt",
+    "\\left",
+    "\\right",
+    "\\text{cm}",
+    "\\text{",
+    "\\%",
+    "\\pi",
+    "\\cdot",
+    "\\times",
+    "^\\circ",
+    "\\!",
+    "\\,",
+    "\\\\",
+    "{,}",
+    "\\begin{pmatrix}",
+    "\\mbox{",
+    " cm",
+    "x=",
+]
 LATEXISH = st.lists(st.sampled_from(TOKENS), max_size=25).map("".join)
 
 
@@ -63,9 +83,15 @@ def test_every_writing_of_a_number_normalizes_the_same(case):
     assert all(parse_rational(normalize_answer(form)) == value for form in forms)
 
 
-@given(st.one_of(st.integers(-10**12, 10**12).map(str),
-                 st.decimals(-1000, 1000, places=3, allow_nan=False).map(str),
-                 st.tuples(st.integers(-99, 99), st.integers(1, 99)).map(lambda t: f"\\frac{{{t[0]}}}{{{t[1]}}}")))  # fmt: skip
+@given(
+    st.one_of(
+        st.integers(-(10**12), 10**12).map(str),
+        st.decimals(-1000, 1000, places=3, allow_nan=False).map(str),
+        st.tuples(st.integers(-99, 99), st.integers(1, 99)).map(
+            lambda t: f"\\frac{{{t[0]}}}{{{t[1]}}}"
+        ),
+    )
+)
 @settings(max_examples=150, deadline=None)
 def test_a_number_equals_itself_in_every_mode(number):
     response = f"so $\\boxed{{{number}}}$"

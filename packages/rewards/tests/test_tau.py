@@ -49,18 +49,25 @@ def test_every_output_must_be_found():
 
 def test_shaping_adds_per_call_bonuses_and_caps():
     shaping = TauShapingConfig()
-    failed = tau_reward(TauRewardInput(H1, H2, num_successful_tool_calls=2,
-                                       num_well_formed_tool_calls=3), shaping)  # fmt: skip
+    failed = tau_reward(
+        TauRewardInput(H1, H2, num_successful_tool_calls=2, num_well_formed_tool_calls=3), shaping
+    )
     assert failed.reward == pytest.approx(0.1 * 2 + 0.05 * 3)
     assert failed.breakdown["task_reward"] == 0.0
-    success = tau_reward(TauRewardInput(H1, H1, num_successful_tool_calls=3,
-                                        num_well_formed_tool_calls=3), shaping)  # fmt: skip
+    success = tau_reward(
+        TauRewardInput(H1, H1, num_successful_tool_calls=3, num_well_formed_tool_calls=3), shaping
+    )
     assert success.reward == pytest.approx(1.45)
-    capped = tau_reward(TauRewardInput(H1, H1, num_successful_tool_calls=10,
-                                       num_well_formed_tool_calls=10), shaping)  # fmt: skip
+    capped = tau_reward(
+        TauRewardInput(H1, H1, num_successful_tool_calls=10, num_well_formed_tool_calls=10), shaping
+    )
     assert capped.reward == 1.5
-    assert tau_reward(TauRewardInput(H1, H1, num_successful_tool_calls=10,
-                                     num_well_formed_tool_calls=10)).reward == 1.0  # fmt: skip
+    assert (
+        tau_reward(
+            TauRewardInput(H1, H1, num_successful_tool_calls=10, num_well_formed_tool_calls=10)
+        ).reward
+        == 1.0
+    )
 
 
 def test_group_max_normalisation():
@@ -78,12 +85,28 @@ def test_group_max_normalisation():
         ({"final_data_hash": "", "gt_data_hash": H1}, ValueError, "final_data_hash"),
         ({"final_data_hash": H1, "gt_data_hash": None}, ValueError, "gt_data_hash"),
         ({"final_data_hash": H1, "gt_data_hash": H1, "outputs": "42"}, TypeError, "outputs"),
-        ({"final_data_hash": H1, "gt_data_hash": H1, "agent_messages": [1]}, TypeError, "agent_messages"),
-        ({"final_data_hash": H1, "gt_data_hash": H1, "num_successful_tool_calls": -1}, ValueError, ">= 0"),
-        ({"final_data_hash": H1, "gt_data_hash": H1, "num_successful_tool_calls": 2,
-          "num_well_formed_tool_calls": 1}, ValueError, "cannot exceed"),
+        (
+            {"final_data_hash": H1, "gt_data_hash": H1, "agent_messages": [1]},
+            TypeError,
+            "agent_messages",
+        ),
+        (
+            {"final_data_hash": H1, "gt_data_hash": H1, "num_successful_tool_calls": -1},
+            ValueError,
+            ">= 0",
+        ),
+        (
+            {
+                "final_data_hash": H1,
+                "gt_data_hash": H1,
+                "num_successful_tool_calls": 2,
+                "num_well_formed_tool_calls": 1,
+            },
+            ValueError,
+            "cannot exceed",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_inputs_are_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
         TauRewardInput(**kwargs)

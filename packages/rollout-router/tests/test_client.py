@@ -108,8 +108,10 @@ async def test_abort_session_only_touches_that_session(make_engine):
 async def test_abort_all_confirms_engine_side_drain(make_engine):
     engine = await make_engine(token_delay=0.01)
     async with EngineClient(engine.url) as client:
-        tasks = [asyncio.create_task(client.generate([i], SamplingParams(max_tokens=1000)))
-                 for i in range(4)]  # fmt: skip
+        tasks = [
+            asyncio.create_task(client.generate([i], SamplingParams(max_tokens=1000)))
+            for i in range(4)
+        ]
         while len(engine.running) < 4:
             await asyncio.sleep(0.01)
         assert await client.abort_all(drain_timeout=3.0) == 4
@@ -153,8 +155,9 @@ async def test_4xx_is_a_request_error(make_engine):
 async def test_cancelled_generation_is_aborted_on_the_engine(make_engine):
     engine = await make_engine(token_delay=0.01)
     async with EngineClient(engine.url) as client:
-        task = asyncio.create_task(client.generate([1], SamplingParams(max_tokens=1000),
-                                                   request_id="gone"))  # fmt: skip
+        task = asyncio.create_task(
+            client.generate([1], SamplingParams(max_tokens=1000), request_id="gone")
+        )
         while not engine.running:
             await asyncio.sleep(0.01)
         task.cancel()
@@ -180,8 +183,9 @@ async def test_bad_inputs_are_rejected(make_engine, tmp_path: Path):
             await client.generate([])
         with pytest.raises(ValueError, match="non-negative"):
             await client.generate([1, -2])
-        task = asyncio.create_task(client.generate([1], SamplingParams(max_tokens=3),
-                                                   request_id="dup"))  # fmt: skip
+        task = asyncio.create_task(
+            client.generate([1], SamplingParams(max_tokens=3), request_id="dup")
+        )
         await asyncio.sleep(0.02)
         with pytest.raises(ValueError, match="already in flight"):
             await client.generate([1], request_id="dup")
@@ -201,8 +205,9 @@ async def test_weight_calls_follow_vllm_rl_api(make_engine, tmp_path: Path):
     async with EngineClient(engine.url) as client:
         await client.reload_weights(weights, weight_version="3")
         assert await client.weight_version() == "3"
-        await client.init_weight_transfer({"master_address": "10.0.0.1", "master_port": 29500,
-                                           "rank_offset": 1, "world_size": 2})  # fmt: skip
+        await client.init_weight_transfer(
+            {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2}
+        )
         await client.start_weight_update()
         info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}
         await client.update_weights(info)
@@ -214,14 +219,23 @@ async def test_weight_calls_follow_vllm_rl_api(make_engine, tmp_path: Path):
         ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}),
         ("/reset_prefix_cache", None),
         ("/update_weight_version", {"new_version": "3"}),
-        ("/init_weight_transfer_engine", {"init_info": {"master_address": "10.0.0.1",
-          "master_port": 29500, "rank_offset": 1, "world_size": 2}}),
+        (
+            "/init_weight_transfer_engine",
+            {
+                "init_info": {
+                    "master_address": "10.0.0.1",
+                    "master_port": 29500,
+                    "rank_offset": 1,
+                    "world_size": 2,
+                }
+            },
+        ),
         ("/start_weight_update", None),
         ("/update_weights", {"update_info": info}),
         ("/finish_weight_update", {"weight_version": "4"}),
         ("/pause?mode=keep", None),
         ("/resume", None),
-    ]  # fmt: skip
+    ]
 
 
 async def test_abort_is_resent_until_the_request_ends(make_engine):

@@ -33,8 +33,11 @@ def test_cpu_command_uses_server_module_and_scale_out_routes():
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"  # the sampled dist.
     assert "--gpu-memory-utilization" not in cmd  # not a CPU setting
     env = launch_env(EngineSpec(model="m", cpu_kvcache_gib=2, cpu_threads_bind="1"))
-    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
-                   "VLLM_CPU_OMP_THREADS_BIND": "1"}  # fmt: skip
+    assert env == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": "1",
+    }
 
 
 def test_gpu_and_npu_commands_carry_parallelism_and_memory():
@@ -63,10 +66,16 @@ def test_health_timeout_from_spec_variable_or_device_default(monkeypatch: pytest
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"device": "tpu"}, "device"), ({"port": 0}, "port"), ({"tensor_parallel_size": 0}, "parallel"),
-     ({"gpu_memory_utilization": 1.5}, "gpu_memory"), ({"cpu_kvcache_gib": 0}, "kvcache"),
-     ({"max_model_len": 0}, "max_model_len"), ({"logprobs_mode": "raw_logits"}, "logprobs_mode")],
-)  # fmt: skip
+    [
+        ({"device": "tpu"}, "device"),
+        ({"port": 0}, "port"),
+        ({"tensor_parallel_size": 0}, "parallel"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory"),
+        ({"cpu_kvcache_gib": 0}, "kvcache"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
+    ],
+)
 def test_bad_specs_are_rejected(kwargs: dict[str, object], match: str):
     with pytest.raises(ValueError, match=match):
         EngineSpec(model="m", **kwargs)  # type: ignore[arg-type]

@@ -39,8 +39,11 @@ async def test_completions_pass_through_and_stick_by_session_header(make_engine,
     async with aiohttp.ClientSession() as http:
         models = []
         for _ in range(4):
-            async with http.post(url + "/v1/chat/completions", json={"messages": []},
-                                 headers={"x-session-id": "ep-1"}) as resp:  # fmt: skip
+            async with http.post(
+                url + "/v1/chat/completions",
+                json={"messages": []},
+                headers={"x-session-id": "ep-1"},
+            ) as resp:
                 assert resp.status == 200
                 models.append((await resp.json())["model"])
         assert len(set(models)) == 1
@@ -162,6 +165,7 @@ def test_cli_requires_engines_and_urls(capsys):
         build_parser().parse_args(["serve"])
     with pytest.raises(SystemExit, match="http"):
         main(["serve", "--engine", "localhost:8000"])
-    args = build_parser().parse_args(["serve", "--engine", "http://a:1", "--engine", "http://b:2",
-                                      "--port", "9000"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["serve", "--engine", "http://a:1", "--engine", "http://b:2", "--port", "9000"]
+    )
     assert args.engine == ["http://a:1", "http://b:2"] and args.port == 9000

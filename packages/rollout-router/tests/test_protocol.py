@@ -11,14 +11,23 @@ import pytest
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams, sampling_to_vllm
 
-TOOL_ENVS_PROTOCOL = (Path(__file__).resolve().parents[2] / "tool-envs" / "src" / "turnrl"
-                      / "tool_envs" / "protocol.py")  # fmt: skip
+TOOL_ENVS_PROTOCOL = (
+    Path(__file__).resolve().parents[2]
+    / "tool-envs"
+    / "src"
+    / "turnrl"
+    / "tool_envs"
+    / "protocol.py"
+)
 
 
 def _fields(tree: ast.Module, cls: str) -> list[str]:
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    return [s.target.id for s in node.body
-            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]  # fmt: skip
+    return [
+        s.target.id
+        for s in node.body
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+    ]
 
 
 @pytest.mark.skipif(not TOOL_ENVS_PROTOCOL.is_file(), reason="tool-envs sources not present")
@@ -44,9 +53,18 @@ class ForeignSampling:
 
 def test_foreign_sampling_object_converts_field_by_field():
     body = sampling_to_vllm(ForeignSampling())
-    assert body == {"temperature": 0.0, "top_p": 0.9, "top_k": -1, "max_tokens": 4, "logprobs": 0,
-                    "ignore_eos": False, "skip_special_tokens": False, "stop": ["\n"],
-                    "stop_token_ids": [7], "seed": 11}  # fmt: skip
+    assert body == {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": -1,
+        "max_tokens": 4,
+        "logprobs": 0,
+        "ignore_eos": False,
+        "skip_special_tokens": False,
+        "stop": ["\n"],
+        "stop_token_ids": [7],
+        "seed": 11,
+    }
 
 
 async def test_client_accepts_foreign_sampling(make_engine):

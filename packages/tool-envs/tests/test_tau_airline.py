@@ -28,30 +28,55 @@ def airline():
 
 def _book(airline, db, payments, cabin="economy", nonfree=0, insurance="no"):
     kwargs = {
-        "user_id": USER, "origin": "JFK", "destination": "MIA", "flight_type": "one_way",
-        "cabin": cabin, "flights": [{"flight_number": "HAT014", "date": "2024-05-20"}],
-        "passengers": [dict(PASSENGER)], "payment_methods": payments,
-        "total_baggages": nonfree, "nonfree_baggages": nonfree, "insurance": insurance,
-    }  # fmt: skip
+        "user_id": USER,
+        "origin": "JFK",
+        "destination": "MIA",
+        "flight_type": "one_way",
+        "cabin": cabin,
+        "flights": [{"flight_number": "HAT014", "date": "2024-05-20"}],
+        "passengers": [dict(PASSENGER)],
+        "payment_methods": payments,
+        "total_baggages": nonfree,
+        "nonfree_baggages": nonfree,
+        "insurance": insurance,
+    }
     return airline.invoke(db, "book_reservation", kwargs)
 
 
 def test_booking_prices_flights_charges_gift_card_and_uses_fixed_ids(airline):
     db = airline.new_database()
     total = 143 + 30 + 50  # economy price, insurance, one paid bag
-    out = _book(airline, db, [{"payment_id": "gift_card_5309492", "amount": 98},
-                              {"payment_id": "credit_card_2140654", "amount": total - 98}],
-                nonfree=1, insurance="yes")  # fmt: skip
+    out = _book(
+        airline,
+        db,
+        [
+            {"payment_id": "gift_card_5309492", "amount": 98},
+            {"payment_id": "credit_card_2140654", "amount": total - 98},
+        ],
+        nonfree=1,
+        insurance="yes",
+    )
     reservation = json.loads(out)
     assert reservation["reservation_id"] == "HATHAT"
-    assert reservation["flights"] == [{"flight_number": "HAT014", "date": "2024-05-20", "price": 143,
-                                       "origin": "JFK", "destination": "MIA"}]  # fmt: skip
+    assert reservation["flights"] == [
+        {
+            "flight_number": "HAT014",
+            "date": "2024-05-20",
+            "price": 143,
+            "origin": "JFK",
+            "destination": "MIA",
+        }
+    ]
     assert "status" not in reservation and reservation["created_at"] == "2024-05-15T15:00:00"
     user = db.tables["users"][USER]
     assert user["payment_methods"]["gift_card_5309492"]["amount"] == 0
     assert user["reservations"][-1] == "HATHAT"
-    assert json.loads(_book(airline, db, [{"payment_id": "credit_card_2140654", "amount": 143}]))[
-        "reservation_id"] == "HATHAU"  # fmt: skip
+    assert (
+        json.loads(_book(airline, db, [{"payment_id": "credit_card_2140654", "amount": 143}]))[
+            "reservation_id"
+        ]
+        == "HATHAU"
+    )
     assert db.data_hash() == reference_data_hash(db.tables)
     pristine = airline.new_database()
     assert "HATHAT" not in pristine.tables["reservations"]
@@ -80,12 +105,20 @@ def test_certificate_is_consumed_and_listed_twice_fails_after_deleting(airline):
     cert = {"payment_id": "certificate_7502997", "amount": 300}  # it holds 250
     out = _book(airline, db, [cert])
     assert out == "Error: not enough balance in payment method certificate_7502997"
-    out = _book(airline, db, [{"payment_id": "certificate_7502997", "amount": 100},
-                              {"payment_id": "credit_card_2140654", "amount": 43}])  # fmt: skip
+    out = _book(
+        airline,
+        db,
+        [
+            {"payment_id": "certificate_7502997", "amount": 100},
+            {"payment_id": "credit_card_2140654", "amount": 43},
+        ],
+    )
     assert json.loads(out)["reservation_id"] == "HATHAT"
     assert "certificate_7502997" not in db.tables["users"][USER]["payment_methods"]
-    twice = [{"payment_id": "certificate_3321326", "amount": 100},
-             {"payment_id": "certificate_3321326", "amount": 43}]  # fmt: skip
+    twice = [
+        {"payment_id": "certificate_3321326", "amount": 100},
+        {"payment_id": "certificate_3321326", "amount": 43},
+    ]
     assert _book(airline, db, twice) == "Error: 'certificate_3321326'"
     assert "HATHAU" not in db.tables["reservations"]
     assert db.data_hash() == reference_data_hash(db.tables)
@@ -96,8 +129,12 @@ def test_cancel_update_and_certificates(airline):
     out = json.loads(airline.invoke(db, "cancel_reservation", {"reservation_id": "R9QDGB"}))
     assert out["payment_history"][-1] == {"payment_id": "credit_card_6082923", "amount": -1911}
     assert list(out)[-1] == "status" and out["status"] == "cancelled"
-    bags = {"reservation_id": "R9QDGB", "total_baggages": 2, "nonfree_baggages": 2,
-            "payment_id": "credit_card_2140654"}  # fmt: skip
+    bags = {
+        "reservation_id": "R9QDGB",
+        "total_baggages": 2,
+        "nonfree_baggages": 2,
+        "payment_id": "credit_card_2140654",
+    }
     out = json.loads(airline.invoke(db, "update_reservation_baggages", bags))
     assert out["payment_history"][-1] == {"payment_id": "credit_card_2140654", "amount": 100}
     assert (out["total_baggages"], out["nonfree_baggages"]) == (2, 2)
@@ -119,8 +156,12 @@ def test_cancel_update_and_certificates(airline):
 
 def test_gift_card_shortfall_for_baggage_is_refused(airline):
     db = airline.new_database()
-    bags = {"reservation_id": "R9QDGB", "total_baggages": 3, "nonfree_baggages": 3,
-            "payment_id": "gift_card_5309492"}  # fmt: skip
+    bags = {
+        "reservation_id": "R9QDGB",
+        "total_baggages": 3,
+        "nonfree_baggages": 3,
+        "payment_id": "gift_card_5309492",
+    }
     assert airline.invoke(db, "update_reservation_baggages", bags) == (
         "Error: gift card balance is not enough"
     )
@@ -136,8 +177,12 @@ def test_update_flights_reuses_prices_and_keeps_cabin(airline):
     flights = [
         {"flight_number": f["flight_number"], "date": f["date"]} for f in original["flights"]
     ]
-    kwargs = {"reservation_id": "R9QDGB", "cabin": "economy", "flights": flights,
-              "payment_id": "credit_card_6082923"}  # fmt: skip
+    kwargs = {
+        "reservation_id": "R9QDGB",
+        "cabin": "economy",
+        "flights": flights,
+        "payment_id": "credit_card_6082923",
+    }
     out = json.loads(airline.invoke(db, "update_reservation_flights", kwargs))
     assert [f["price"] for f in out["flights"]] == [f["price"] for f in original["flights"]]
     assert out["payment_history"] == original["payment_history"]  # no difference, no entry
@@ -154,13 +199,28 @@ def test_update_flights_reuses_prices_and_keeps_cabin(airline):
 
 def test_searches(airline):
     db = airline.new_database()
-    direct = json.loads(airline.invoke(db, "search_direct_flight",
-                                       {"origin": "JFK", "destination": "MIA", "date": "2024-05-20"}))  # fmt: skip
+    direct = json.loads(
+        airline.invoke(
+            db,
+            "search_direct_flight",
+            {"origin": "JFK", "destination": "MIA", "date": "2024-05-20"},
+        )
+    )
     assert direct and all(f["status"] == "available" and "dates" not in f for f in direct)
-    assert list(direct[0])[:5] == ["flight_number", "origin", "destination",
-                                   "scheduled_departure_time_est", "scheduled_arrival_time_est"]  # fmt: skip
-    onestop = json.loads(airline.invoke(db, "search_onestop_flight",
-                                        {"origin": "JFK", "destination": "SEA", "date": "2024-05-20"}))  # fmt: skip
+    assert list(direct[0])[:5] == [
+        "flight_number",
+        "origin",
+        "destination",
+        "scheduled_departure_time_est",
+        "scheduled_arrival_time_est",
+    ]
+    onestop = json.loads(
+        airline.invoke(
+            db,
+            "search_onestop_flight",
+            {"origin": "JFK", "destination": "SEA", "date": "2024-05-20"},
+        )
+    )
     assert onestop
     for first, second in onestop:
         assert first["destination"] == second["origin"] and first["date"] == "2024-05-20"

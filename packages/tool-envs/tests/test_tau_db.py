@@ -20,15 +20,18 @@ needs_tau = pytest.mark.skipif(not TAU_DIR.is_dir(), reason="tau-bench data not 
 
 # Test vectors of SPEC.md §5: canonical text and its sha256, computed by the reference.
 VECTORS = [
-    ({"b": [1, 2.5, True, None, "it's"], "a": {}},
-     "(('a', ()), ('b', (1, 2.5, True, None, \"it's\")))",
-     "5a9d616f5dc36626897134fe2e3921b106803d2cf255e9fcc0262ec7d4faa2b1"),
-    ({"x": []}, "(('x', ()),)",
-     "13f1178f20e7e705cc890579408c94298bd940002b29f774fd774d374a28c6a3"),
-    ({"k": [{"z": 1e16, "y": 0.0001, "w": 1e-05, "v": -0.0, "u": 100.0}]},
-     "(('k', ((('u', 100.0), ('v', -0.0), ('w', 1e-05), ('y', 0.0001), ('z', 1e+16)),)),)",
-     "f8ea3baecd5d8a5166e10c00370ca7351130a400aa0db5827acedbecedddba33"),
-]  # fmt: skip
+    (
+        {"b": [1, 2.5, True, None, "it's"], "a": {}},
+        "(('a', ()), ('b', (1, 2.5, True, None, \"it's\")))",
+        "5a9d616f5dc36626897134fe2e3921b106803d2cf255e9fcc0262ec7d4faa2b1",
+    ),
+    ({"x": []}, "(('x', ()),)", "13f1178f20e7e705cc890579408c94298bd940002b29f774fd774d374a28c6a3"),
+    (
+        {"k": [{"z": 1e16, "y": 0.0001, "w": 1e-05, "v": -0.0, "u": 100.0}]},
+        "(('k', ((('u', 100.0), ('v', -0.0), ('w', 1e-05), ('y', 0.0001), ('z', 1e+16)),)),)",
+        "f8ea3baecd5d8a5166e10c00370ca7351130a400aa0db5827acedbecedddba33",
+    ),
+]
 
 
 @pytest.mark.parametrize(("value", "text", "digest"), VECTORS)
@@ -38,11 +41,15 @@ def test_reference_hash_matches_spec_vectors(value, text, digest):
 
 
 TABLE_VECTORS = [
-    ({"t": {"b": {"x": [1, 2.5, True, None, "it's"]}, "a": {}}},
-     "(('t', (('a', ()), ('b', (('x', (1, 2.5, True, None, \"it's\")),)))),)"),
-    ({"u": {}, "k": {"r": {"z": 1e16, "v": -0.0, "w": [1e-05, 100.0]}}},
-     "(('k', (('r', (('v', -0.0), ('w', (1e-05, 100.0)), ('z', 1e+16))),)), ('u', ()))"),
-]  # fmt: skip
+    (
+        {"t": {"b": {"x": [1, 2.5, True, None, "it's"]}, "a": {}}},
+        "(('t', (('a', ()), ('b', (('x', (1, 2.5, True, None, \"it's\")),)))),)",
+    ),
+    (
+        {"u": {}, "k": {"r": {"z": 1e16, "v": -0.0, "w": [1e-05, 100.0]}}},
+        "(('k', (('r', (('v', -0.0), ('w', (1e-05, 100.0)), ('z', 1e+16))),)), ('u', ()))",
+    ),
+]
 
 
 @pytest.mark.parametrize(("tables", "text"), TABLE_VECTORS)

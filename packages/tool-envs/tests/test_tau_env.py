@@ -104,16 +104,22 @@ async def test_outputs_must_be_said_to_the_user(synthetic):
         result = await env.step({"role": "assistant", "content": message})
         assert result.done
         assert env.reward() == {
-            "reward": expected, "r_actions": 1.0, "r_outputs": expected,
+            "reward": expected,
+            "r_actions": 1.0,
+            "r_outputs": expected,
             "outputs": {task.outputs[0]: bool(expected)},
-        }  # fmt: skip
+        }
 
 
 async def test_transfer_ends_the_episode_and_skips_later_calls(synthetic):
     env = TauEnv(synthetic.domain(), ScriptedUser())
     await env.reset(synthetic.tasks[0])
-    result = await env.step(turn(call("transfer_to_human_agents", {"summary": "s"}, "a"),
-                                 call("think", {"thought": "t"}, "b")))  # fmt: skip
+    result = await env.step(
+        turn(
+            call("transfer_to_human_agents", {"summary": "s"}, "a"),
+            call("think", {"thought": "t"}, "b"),
+        )
+    )
     assert result.done and result.info["done_reason"] == "transfer"
     assert [o["content"] for o in result.observations] == [
         "Transfer successful",
@@ -138,8 +144,12 @@ async def test_malformed_and_failing_calls_are_counted_and_shown(synthetic):
     contents = [o["content"] for o in result.observations]
     assert contents[0] == "Error: Tool call is missing its closing </tool_call> tag."
     assert contents[1].startswith('Error: Arguments of tool "get_order_details"')
-    assert contents[2:] == ["Unknown action no_such_tool", "Error: order not found",
-                            "Error: order not found", ""]  # fmt: skip
+    assert contents[2:] == [
+        "Unknown action no_such_tool",
+        "Error: order not found",
+        "Error: order not found",
+        "",
+    ]
     assert result.info["tool_calls"] == {"ok": 1, "failed": 5, "well_formed": 2, "malformed": 4}
 
 

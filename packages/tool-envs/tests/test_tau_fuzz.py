@@ -43,10 +43,16 @@ def _retail_kwargs(rng, tables, name):
     }
     return {
         "calculate": {"expression": rng.choice(["1+2", "3.5*2", "1/0", "(2"])},
-        "cancel_pending_order": {"order_id": order["order_id"],
-                                 "reason": rng.choice(["no longer needed", "ordered by mistake", "x"])},
-        "exchange_delivered_order_items": {"order_id": order["order_id"], "item_ids": old,
-                                           "new_item_ids": new, "payment_method_id": rng.choice(methods)},
+        "cancel_pending_order": {
+            "order_id": order["order_id"],
+            "reason": rng.choice(["no longer needed", "ordered by mistake", "x"]),
+        },
+        "exchange_delivered_order_items": {
+            "order_id": order["order_id"],
+            "item_ids": old,
+            "new_item_ids": new,
+            "payment_method_id": rng.choice(methods),
+        },
         "find_user_id_by_email": {"email": user["email"]},
         "find_user_id_by_name_zip": {**user["name"], "zip": user["address"]["zip"]},
         "get_order_details": {"order_id": order["order_id"]},
@@ -54,15 +60,25 @@ def _retail_kwargs(rng, tables, name):
         "get_user_details": {"user_id": order["user_id"]},
         "list_all_product_types": {},
         "modify_pending_order_address": {"order_id": order["order_id"], **address},
-        "modify_pending_order_items": {"order_id": order["order_id"], "item_ids": old,
-                                       "new_item_ids": new, "payment_method_id": rng.choice(methods)},
-        "modify_pending_order_payment": {"order_id": order["order_id"], "payment_method_id": rng.choice(methods)},
+        "modify_pending_order_items": {
+            "order_id": order["order_id"],
+            "item_ids": old,
+            "new_item_ids": new,
+            "payment_method_id": rng.choice(methods),
+        },
+        "modify_pending_order_payment": {
+            "order_id": order["order_id"],
+            "payment_method_id": rng.choice(methods),
+        },
         "modify_user_address": {"user_id": order["user_id"], **address},
-        "return_delivered_order_items": {"order_id": order["order_id"], "item_ids": old,
-                                         "payment_method_id": rng.choice(methods)},
+        "return_delivered_order_items": {
+            "order_id": order["order_id"],
+            "item_ids": old,
+            "payment_method_id": rng.choice(methods),
+        },
         "think": {"thought": "t"},
         "transfer_to_human_agents": {"summary": "s"},
-    }[name]  # fmt: skip
+    }[name]
 
 
 def _airline_kwargs(rng, tables, name):
@@ -83,28 +99,54 @@ def _airline_kwargs(rng, tables, name):
     pay = [{"payment_id": rng.choice(methods), "amount": rng.choice([0, 100, 500, 1000])}]
     origin, destination = rng.sample(["JFK", "SFO", "LAX", "ORD", "SEA", "ATL"], 2)
     return {
-        "book_reservation": {"user_id": user_id, "origin": origin, "destination": destination,
-                             "flight_type": "one_way", "cabin": cabin, "flights": flights,
-                             "passengers": reservation["passengers"], "payment_methods": pay,
-                             "total_baggages": 1, "nonfree_baggages": rng.randint(0, 1), "insurance": "no"},
+        "book_reservation": {
+            "user_id": user_id,
+            "origin": origin,
+            "destination": destination,
+            "flight_type": "one_way",
+            "cabin": cabin,
+            "flights": flights,
+            "passengers": reservation["passengers"],
+            "payment_methods": pay,
+            "total_baggages": 1,
+            "nonfree_baggages": rng.randint(0, 1),
+            "insurance": "no",
+        },
         "calculate": {"expression": "2*3"},
         "cancel_reservation": {"reservation_id": reservation["reservation_id"]},
         "get_reservation_details": {"reservation_id": reservation["reservation_id"]},
         "get_user_details": {"user_id": user_id},
         "list_all_airports": {},
-        "search_direct_flight": {"origin": origin, "destination": destination, "date": "2024-05-20"},
-        "search_onestop_flight": {"origin": origin, "destination": destination, "date": "2024-05-20"},
+        "search_direct_flight": {
+            "origin": origin,
+            "destination": destination,
+            "date": "2024-05-20",
+        },
+        "search_onestop_flight": {
+            "origin": origin,
+            "destination": destination,
+            "date": "2024-05-20",
+        },
         "send_certificate": {"user_id": user_id, "amount": rng.choice([100, 150.0])},
         "think": {"thought": "t"},
         "transfer_to_human_agents": {"summary": "s"},
-        "update_reservation_baggages": {"reservation_id": reservation["reservation_id"],
-                                        "total_baggages": 2, "nonfree_baggages": rng.randint(0, 3),
-                                        "payment_id": rng.choice(methods)},
-        "update_reservation_flights": {"reservation_id": reservation["reservation_id"], "cabin": cabin,
-                                       "flights": flights, "payment_id": rng.choice(methods)},
-        "update_reservation_passengers": {"reservation_id": reservation["reservation_id"],
-                                          "passengers": list(reversed(reservation["passengers"]))},
-    }[name]  # fmt: skip
+        "update_reservation_baggages": {
+            "reservation_id": reservation["reservation_id"],
+            "total_baggages": 2,
+            "nonfree_baggages": rng.randint(0, 3),
+            "payment_id": rng.choice(methods),
+        },
+        "update_reservation_flights": {
+            "reservation_id": reservation["reservation_id"],
+            "cabin": cabin,
+            "flights": flights,
+            "payment_id": rng.choice(methods),
+        },
+        "update_reservation_passengers": {
+            "reservation_id": reservation["reservation_id"],
+            "passengers": list(reversed(reservation["passengers"])),
+        },
+    }[name]
 
 
 def _run_fuzz(domain, make_kwargs, sequences, steps, seed):

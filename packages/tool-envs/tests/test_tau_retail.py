@@ -85,8 +85,10 @@ def test_cancel_refunds_gift_card_and_turns_int_balance_into_float(retail):
     assert order["status"] == "cancelled"
     assert list(order)[-1] == "cancel_reason"
     assert order["payment_history"][-1] == {
-        "transaction_type": "refund", "amount": 4079.45, "payment_method_id": "gift_card_7219486",
-    }  # fmt: skip
+        "transaction_type": "refund",
+        "amount": 4079.45,
+        "payment_method_id": "gift_card_7219486",
+    }
     balance = db.tables["users"]["ethan_lopez_6291"]["payment_methods"]["gift_card_7219486"][
         "balance"
     ]
@@ -121,8 +123,15 @@ def _order_with(domain, status):
 def test_modify_address_uses_spec_key_order(synthetic):
     db = synthetic.new_database()
     order = _order_with(synthetic, "pending")
-    kwargs = {"order_id": order["order_id"], "address1": "1 A St", "address2": "", "city": "X",
-              "state": "CA", "country": "USA", "zip": "90001"}  # fmt: skip
+    kwargs = {
+        "order_id": order["order_id"],
+        "address1": "1 A St",
+        "address2": "",
+        "city": "X",
+        "state": "CA",
+        "country": "USA",
+        "zip": "90001",
+    }
     out = json.loads(synthetic.invoke(db, "modify_pending_order_address", kwargs))
     assert list(out["address"]) == ["address1", "address2", "city", "state", "country", "zip"]
     delivered = _order_with(synthetic, "delivered")
@@ -139,14 +148,24 @@ def test_modify_items_records_unrounded_difference_and_blocks_further_changes(sy
         if order["status"] != "pending":
             continue
         item = order["items"][0]
-        others = [v for v in products[item["product_id"]]["variants"].values()
-                  if v["available"] and v["item_id"] != item["item_id"]]  # fmt: skip
+        others = [
+            v
+            for v in products[item["product_id"]]["variants"].values()
+            if v["available"] and v["item_id"] != item["item_id"]
+        ]
         if others:
             break
-    card = next(m for m, v in db.tables["users"][order["user_id"]]["payment_methods"].items()
-                if v["source"] == "credit_card")  # fmt: skip
-    kwargs = {"order_id": order["order_id"], "item_ids": [item["item_id"]],
-              "new_item_ids": [others[0]["item_id"]], "payment_method_id": card}  # fmt: skip
+    card = next(
+        m
+        for m, v in db.tables["users"][order["user_id"]]["payment_methods"].items()
+        if v["source"] == "credit_card"
+    )
+    kwargs = {
+        "order_id": order["order_id"],
+        "item_ids": [item["item_id"]],
+        "new_item_ids": [others[0]["item_id"]],
+        "payment_method_id": card,
+    }
     out = json.loads(synthetic.invoke(db, "modify_pending_order_items", kwargs))
     diff = others[0]["price"] - item["price"]
     assert out["payment_history"][-1]["amount"] == abs(diff)
@@ -199,8 +218,11 @@ def test_lookups_and_read_only_tools(synthetic):
         synthetic.invoke(db, "find_user_id_by_email", {"email": user["email"].upper()}) == user_id
     )
     name = user["name"]
-    kwargs = {"first_name": name["first_name"].lower(), "last_name": name["last_name"],
-              "zip": user["address"]["zip"]}  # fmt: skip
+    kwargs = {
+        "first_name": name["first_name"].lower(),
+        "last_name": name["last_name"],
+        "zip": user["address"]["zip"],
+    }
     assert synthetic.invoke(db, "find_user_id_by_name_zip", kwargs) == user_id
     assert synthetic.invoke(db, "get_user_details", {"user_id": user_id}) == json.dumps(user)
     assert synthetic.invoke(db, "get_user_details", {"user_id": "x"}) == "Error: user not found"
@@ -221,7 +243,13 @@ def test_toolset_runs_tools_on_the_episode_database(synthetic):
     tools = synthetic.toolset(db)
     assert tools.names == list(synthetic.tools)
     order = _order_with(synthetic, "pending")
-    result = asyncio.run(tools.call(ToolCall("cancel_pending_order",
-                                             {"order_id": order["order_id"], "reason": "no longer needed"})))  # fmt: skip
+    result = asyncio.run(
+        tools.call(
+            ToolCall(
+                "cancel_pending_order",
+                {"order_id": order["order_id"], "reason": "no longer needed"},
+            )
+        )
+    )
     assert result.ok and json.loads(result.content)["status"] == "cancelled"
     assert db.tables["orders"][order["order_id"]]["status"] == "cancelled"

@@ -38,11 +38,13 @@ def test_reads_tasks_py_without_executing_it(tmp_path):
     tasks = load_tasks(path)
     assert tasks[0] == Task(
         "ada_berg_1234",
-        (Action("cancel_pending_order", {"order_id": "#W1", "reason": "ordered by mistake"}),
-         Action("think", {"thought": "done", "n": -1.5, "ok": True, "none": None})),
+        (
+            Action("cancel_pending_order", {"order_id": "#W1", "reason": "ordered by mistake"}),
+            Action("think", {"thought": "done", "n": -1.5, "ok": True, "none": None}),
+        ),
         "Cancel #W1 now.",
         ("10.5",),
-    )  # fmt: skip
+    )
     assert tasks[1].outputs == () and tasks[1].actions == ()
 
 

@@ -93,8 +93,11 @@ def test_openai_adapter_arguments_are_json_strings_and_round_trip():
     calls = [ToolCall("f", {"a": 1, "b": [True, None]}, id="call_1"), ToolCall("g", {})]
     entries = to_openai_tool_calls(calls)
     assert all(isinstance(e["function"]["arguments"], str) for e in entries)
-    assert entries[0] == {"id": "call_1", "type": "function",
-                          "function": {"name": "f", "arguments": '{"a": 1, "b": [true, null]}'}}  # fmt: skip
+    assert entries[0] == {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"a": 1, "b": [true, null]}'},
+    }
     back = from_openai_tool_calls(entries)
     assert [(c.id, c.name, c.arguments) for c in back.tool_calls] == [
         ("call_1", "f", {"a": 1, "b": [True, None]}),
@@ -103,12 +106,14 @@ def test_openai_adapter_arguments_are_json_strings_and_round_trip():
 
 
 def test_openai_adapter_accepts_dict_arguments_and_reports_bad_ones():
-    back = from_openai_tool_calls([
-        {"id": "a", "function": {"name": "f", "arguments": {"x": 1}}},
-        {"id": "b", "function": {"name": "f", "arguments": "{oops"}},
-        {"id": "c", "function": {"arguments": "{}"}},
-        {"id": "d"},
-    ])  # fmt: skip
+    back = from_openai_tool_calls(
+        [
+            {"id": "a", "function": {"name": "f", "arguments": {"x": 1}}},
+            {"id": "b", "function": {"name": "f", "arguments": "{oops"}},
+            {"id": "c", "function": {"arguments": "{}"}},
+            {"id": "d"},
+        ]
+    )
     assert [(c.id, c.arguments) for c in back.tool_calls] == [("a", {"x": 1})]
     assert len(back.errors) == 3
     assert "not valid JSON" in back.errors[0] and 'no "name"' in back.errors[1]
@@ -123,18 +128,28 @@ SCHEMA = {
         "express": {"type": "boolean"},
         "reason": {"type": "string", "enum": ["no longer needed", "ordered by mistake"]},
         "item_ids": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"zip": {"type": "string"}},
-                    "required": ["zip"]},
+        "address": {
+            "type": "object",
+            "properties": {"zip": {"type": "string"}},
+            "required": ["zip"],
+        },
         "note": {"type": ["string", "null"]},
     },
     "required": ["order_id"],
-}  # fmt: skip
+}
 
 
 def test_valid_arguments_have_no_problems():
-    args = {"order_id": "#W1", "count": 2, "price": 3, "express": False,
-            "reason": "ordered by mistake", "item_ids": ["1", "2"],
-            "address": {"zip": "02110"}, "note": None}  # fmt: skip
+    args = {
+        "order_id": "#W1",
+        "count": 2,
+        "price": 3,
+        "express": False,
+        "reason": "ordered by mistake",
+        "item_ids": ["1", "2"],
+        "address": {"zip": "02110"},
+        "note": None,
+    }
     assert validate_arguments(SCHEMA, args) == []
     assert validate_arguments(SCHEMA, {"order_id": "#W1", "price": 2.5, "note": "x"}) == []
 
@@ -178,10 +193,14 @@ def test_qwen3_template_renders_openai_calls_as_the_model_writes_them(qwen3):
     # A turn the model wrote canonically renders back to the same text from OpenAI form.
     text = f"Checking.\n{ORDER}"
     turn = parse_tool_calls(text)
-    message = {"role": "assistant", "content": turn.content,
-               "tool_calls": to_openai_tool_calls(turn.tool_calls)}  # fmt: skip
-    rendered = qwen3.render([{"role": "user", "content": "hi"}, message,
-                             {"role": "user", "content": "ok"}])  # fmt: skip
+    message = {
+        "role": "assistant",
+        "content": turn.content,
+        "tool_calls": to_openai_tool_calls(turn.tool_calls),
+    }
+    rendered = qwen3.render(
+        [{"role": "user", "content": "hi"}, message, {"role": "user", "content": "ok"}]
+    )
     assert f"<|im_start|>assistant\n{text}<|im_end|>" in rendered
     assert json.loads(ORDER.split("\n")[1]) == {
         "name": "get_order",

@@ -11,11 +11,26 @@ from turnrl.tool_envs.tool_calls import ToolCall, to_openai_tool_calls
 from turnrl.tool_envs.tools import ToolEnvironment, ToolSet, visible_text
 from turnrl.tool_envs.user_sim import ScriptedUser
 
-ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.",
-       "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                      "b": {"type": "integer"}}, "required": ["a", "b"]}}}  # fmt: skip
-DIVIDE = {"name": "divide", "parameters": {"type": "object", "properties": {
-          "a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}  # fmt: skip
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+DIVIDE = {
+    "name": "divide",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+}
 
 
 async def _slow_echo(text: str) -> str:
@@ -27,8 +42,13 @@ def make_tools() -> ToolSet:
     tools = ToolSet()
     tools.add(ADD, lambda a, b: a + b)
     tools.add(DIVIDE, lambda a, b: a / b)  # inner-dict schema form
-    tools.add({"name": "echo", "parameters": {"type": "object",
-               "properties": {"text": {"type": "string"}}}}, _slow_echo)  # fmt: skip
+    tools.add(
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        _slow_echo,
+    )
     return tools
 
 
@@ -87,15 +107,25 @@ async def test_environment_runs_tools_and_reports_invalid_calls():
     env = ToolEnvironment(make_tools(), system_prompt="Be exact.")
     assert isinstance(env, Environment)
     first = await env.reset({"prompt": "What is 2+3?"})
-    assert first == [{"role": "system", "content": "Be exact."},
-                     {"role": "user", "content": "What is 2+3?"}]  # fmt: skip
+    assert first == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "What is 2+3?"},
+    ]
     calls = [ToolCall("add", {"a": 2, "b": 3}, id="c1"), ToolCall("mul", {}, id="c2")]
-    result = await env.step({"role": "assistant", "content": "",
-                             "tool_calls": to_openai_tool_calls(calls),
-                             "tool_call_errors": ["Tool call is not valid JSON"]})  # fmt: skip
+    result = await env.step(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": to_openai_tool_calls(calls),
+            "tool_call_errors": ["Tool call is not valid JSON"],
+        }
+    )
     assert not result.done
     assert [(m["role"], m.get("tool_call_id"), m["content"][:12]) for m in result.observations] == [
-        ("tool", "c1", "5"), ("tool", "c2", "Error: unkno"), ("tool", None, "Error: Tool ")]  # fmt: skip
+        ("tool", "c1", "5"),
+        ("tool", "c2", "Error: unkno"),
+        ("tool", None, "Error: Tool "),
+    ]
     assert (
         result.info["num_invalid_tool_calls"] == 1
     )  # the unknown tool; parse errors are the rollout's

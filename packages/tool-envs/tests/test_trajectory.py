@@ -17,13 +17,33 @@ from turnrl.tool_envs.trajectory import (
 
 SYSTEM = {"role": "system", "content": "You are a retail agent."}
 USER = {"role": "user", "content": "Where is order #W1?"}
-TOOLS = [{"type": "function", "function": {"name": "get_order", "parameters": {
-    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        },
+    }
+]
 CALL_TEXT = (
     'Checking.\n<tool_call>\n{"name": "get_order", "arguments": {"order_id": "#W1"}}\n</tool_call>'
 )
-CALL_MESSAGE = {"role": "assistant", "content": "Checking.", "tool_calls": [
-    {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": '{"order_id": "#W1"}'}}]}  # fmt: skip
+CALL_MESSAGE = {
+    "role": "assistant",
+    "content": "Checking.",
+    "tool_calls": [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_order", "arguments": '{"order_id": "#W1"}'},
+        }
+    ],
+}
 TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": '{"status": "pending"}'}
 
 
@@ -52,19 +72,33 @@ def test_trajectory_validates_its_fields():
 
 
 def test_trajectory_round_trips_through_json():
-    t = Trajectory([1, 2], [3, 4], [1, 0], [-0.5, 0.0], messages=[USER], status="truncated",
-                   reward=1.0, reward_breakdown={"db": 1.0}, group_id="g", sample_index=3,
-                   metadata={"end_reason": "max_turns"})  # fmt: skip
+    t = Trajectory(
+        [1, 2],
+        [3, 4],
+        [1, 0],
+        [-0.5, 0.0],
+        messages=[USER],
+        status="truncated",
+        reward=1.0,
+        reward_breakdown={"db": 1.0},
+        group_id="g",
+        sample_index=3,
+        metadata={"end_reason": "max_turns"},
+    )
     back = Trajectory.from_dict(json.loads(json.dumps(t.to_dict())))
     assert back == t and back.ids == [1, 2, 3, 4] and back.num_generated_tokens == 1
 
 
 @pytest.mark.parametrize(
     ("limits", "match"),
-    [({"max_context_tokens": 0}, "max_context_tokens"), ({"max_turns": 0}, "max_turns"),
-     ({"max_turn_tokens": 0}, "max_turn_tokens"), ({"max_tool_output_tokens": 0}, "max_tool_output"),
-     ({"check_prefix": False, "strict_prefix": True}, "strict_prefix needs")],
-)  # fmt: skip
+    [
+        ({"max_context_tokens": 0}, "max_context_tokens"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turn_tokens": 0}, "max_turn_tokens"),
+        ({"max_tool_output_tokens": 0}, "max_tool_output"),
+        ({"check_prefix": False, "strict_prefix": True}, "strict_prefix needs"),
+    ],
+)
 def test_limits_reject_bad_values(limits, match):
     with pytest.raises(ValueError, match=match):
         TrajectoryLimits(**limits)
@@ -193,8 +227,9 @@ def test_user_messages_are_never_truncated(qwen3):
 
 
 def think_episode(qwen3, strict=False, **kwargs):
-    b = TrajectoryBuilder(qwen3, [SYSTEM, USER], None,
-                          TrajectoryLimits(strict_prefix=strict), kwargs)  # fmt: skip
+    b = TrajectoryBuilder(
+        qwen3, [SYSTEM, USER], None, TrajectoryLimits(strict_prefix=strict), kwargs
+    )
     text = "<think>\nThe user wants order status.\n</think>\n\nWhich order number?"
     prompt_len = len(b.prompt_ids)
     b.add_generation(gen(qwen3, text))
@@ -290,15 +325,19 @@ def parse_to_message(text: str) -> dict:
     from turnrl.tool_envs.tool_calls import parse_tool_calls, to_openai_tool_calls
 
     parsed = parse_tool_calls(text)
-    return {"role": "assistant", "content": parsed.content,
-            "tool_calls": to_openai_tool_calls(parsed.tool_calls)}  # fmt: skip
+    return {
+        "role": "assistant",
+        "content": parsed.content,
+        "tool_calls": to_openai_tool_calls(parsed.tool_calls),
+    }
 
 
 def test_turn_ending_on_eos_is_closed_without_appending(qwen3):
     from turnrl.tool_envs.chat import ChatTokenizer
 
-    chat = ChatTokenizer(qwen3.tokenizer, qwen3.chat_template,
-                         special_tokens={"eos_token": "<|endoftext|>"})  # fmt: skip
+    chat = ChatTokenizer(
+        qwen3.tokenizer, qwen3.chat_template, special_tokens={"eos_token": "<|endoftext|>"}
+    )
     b = TrajectoryBuilder(chat, [SYSTEM, USER])
     ids = [*chat.encode("Bye."), chat.token_id("<|endoftext|>")]
     assert b.add_generation(Generation(ids, [-0.1] * len(ids), "stop")) == "Bye."

@@ -10,12 +10,25 @@ import pytest
 
 from turnrl.tool_envs.chat import ChatTemplateError, ChatTokenizer
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_order", "description": "Look up an order — détails inclus.",
-    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                   "required": ["order_id"]}}}]  # fmt: skip
-CALL = {"id": "c1", "type": "function",
-        "function": {"name": "get_order", "arguments": '{"order_id": "#W1"}'}}  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "description": "Look up an order — détails inclus.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        },
+    }
+]
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "get_order", "arguments": '{"order_id": "#W1"}'},
+}
 CONVERSATION = [
     {"role": "system", "content": "You are a retail agent."},
     {"role": "user", "content": "Où est ma commande #W1 ?"},
@@ -86,9 +99,11 @@ def test_render_ids_and_tools_section(qwen3):
 
 def test_render_delta_after_tool_calls(qwen3):
     delta = qwen3.render_delta(CONVERSATION[:3], CONVERSATION[3:5], TOOLS)
-    assert delta == ('\n<|im_start|>user\n<tool_response>\n{"status": "pending"}\n</tool_response>'
-                     "\n<tool_response>\nsecond result\n</tool_response><|im_end|>\n"
-                     "<|im_start|>assistant\n")  # fmt: skip
+    assert delta == (
+        '\n<|im_start|>user\n<tool_response>\n{"status": "pending"}\n</tool_response>'
+        "\n<tool_response>\nsecond result\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_render_delta_continues_the_engine_tokens_exactly(qwen3):
@@ -169,8 +184,10 @@ def test_from_dir_errors_and_template_file(qwen3_dir, tmp_path):
 
 
 def test_render_delta_rejects_a_template_that_drops_turns(qwen3):
-    source = ("{% if messages|length <= 2 %}{% for m in messages %}{{ m.content }}<|im_end|>"
-              "{% endfor %}{% else %}{{ messages[-1].content }}<|im_end|>{% endif %}")  # fmt: skip
+    source = (
+        "{% if messages|length <= 2 %}{% for m in messages %}{{ m.content }}<|im_end|>"
+        "{% endfor %}{% else %}{{ messages[-1].content }}<|im_end|>{% endif %}"
+    )
     chat = ChatTokenizer(qwen3.tokenizer, source)
     history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(ValueError, match="fewer turns"):
@@ -178,6 +195,7 @@ def test_render_delta_rejects_a_template_that_drops_turns(qwen3):
 
 
 def test_eos_that_differs_from_end_of_turn_is_also_a_stop_token(qwen3):
-    chat = ChatTokenizer(qwen3.tokenizer, qwen3.chat_template,
-                         special_tokens={"eos_token": "<|endoftext|>"})  # fmt: skip
+    chat = ChatTokenizer(
+        qwen3.tokenizer, qwen3.chat_template, special_tokens={"eos_token": "<|endoftext|>"}
+    )
     assert chat.stop_token_ids == [151645, 151643]

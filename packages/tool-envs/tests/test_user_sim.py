@@ -35,8 +35,11 @@ async def test_scripted_user_replays_then_stops():
     assert await user.reset("You want help with #W1.") == "Hi, I need help."
     assert await user.respond("Which order?") == "It is #W1."
     assert await user.respond("Done.") == STOP_TOKEN and is_stop(STOP_TOKEN)
-    assert user.transcript == [("", "Hi, I need help."), ("Which order?", "It is #W1."),
-                               ("Done.", STOP_TOKEN)]  # fmt: skip
+    assert user.transcript == [
+        ("", "Hi, I need help."),
+        ("Which order?", "It is #W1."),
+        ("Done.", STOP_TOKEN),
+    ]
     assert await user.reset("again") == "Hi, I need help."  # reset starts over
 
 
@@ -46,8 +49,9 @@ async def test_scripted_user_from_a_function():
     assert await user.respond("abc") == "1:ABC"
 
 
-@pytest.mark.parametrize(("replies", "error"), [([], ValueError), ("hello", TypeError),
-                                                 (["ok", 3], TypeError)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("replies", "error"), [([], ValueError), ("hello", TypeError), (["ok", 3], TypeError)]
+)
 def test_scripted_user_bad_scripts(replies, error):
     with pytest.raises(error):
         ScriptedUser(replies)
@@ -72,8 +76,9 @@ class FlakyServer:
     ``fail`` is a set of 1-based request numbers, or an int N for the first N requests.
     """
 
-    def __init__(self, fail: int | set[int] = 0,
-                 replies: tuple[str, ...] = ("I want to cancel #W1.",)) -> None:  # fmt: skip
+    def __init__(
+        self, fail: int | set[int] = 0, replies: tuple[str, ...] = ("I want to cancel #W1.",)
+    ) -> None:
         self.fail = set(range(1, fail + 1)) if isinstance(fail, int) else fail
         self.replies = replies
         self.requests: list[dict[str, Any]] = []
@@ -87,13 +92,22 @@ class FlakyServer:
             return web.json_response({"error": {"message": "overloaded"}}, status=500)
         served = sum(1 for n in range(1, len(self.requests)) if n not in self.fail)
         text = self.replies[min(served, len(self.replies) - 1)]
-        return web.json_response({
-            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
-            "created": int(time.time()), "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            }
+        )
 
 
 @pytest.fixture
@@ -120,8 +134,12 @@ async def serve():
 
 
 def user_config(api_base: str, **kw) -> LiteLLMUserConfig:
-    defaults: dict[str, Any] = {"model": "openai/user-model", "api_base": api_base,
-                                "backoff_s": 0.01, "max_retries": 3}  # fmt: skip
+    defaults: dict[str, Any] = {
+        "model": "openai/user-model",
+        "api_base": api_base,
+        "backoff_s": 0.01,
+        "max_retries": 3,
+    }
     return LiteLLMUserConfig(**{**defaults, **kw})
 
 
@@ -216,8 +234,9 @@ async def test_episode_reports_the_user_models_usage(qwen3, make_engine, serve):
     server = FlakyServer(fail={2}, replies=("Where is my order?", "Thanks! ###STOP###"))
     user = LiteLLMUser(user_config(await serve(server), max_retries=2))
     env = ToolEnvironment(ToolSet(), user, "You are an agent.")
-    t = await run_episode(make_engine(["It shipped."]), env, qwen3, {"instruction": "Ask."},
-                          RolloutConfig())  # fmt: skip
+    t = await run_episode(
+        make_engine(["It shipped."]), env, qwen3, {"instruction": "Ask."}, RolloutConfig()
+    )
     assert t.status == "completed" and t.messages[-1]["content"] == "Thanks! ###STOP###"
     usage = t.metadata["env_info"]["user_usage"]
     assert (usage["calls"], usage["failed_calls"]) == (2, 1)

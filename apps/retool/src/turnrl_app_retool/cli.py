@@ -68,11 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="uv run apps/retool",
         description="ReTool: SFT, then GRPO with a code sandbox, evaluated by mean@k and turns.",
     )
-    parser.add_argument("--preset", default="cpu-default", choices=sorted(PRESETS),
-                        help="configuration to start from (default: cpu-default)")  # fmt: skip
+    parser.add_argument(
+        "--preset",
+        default="cpu-default",
+        choices=sorted(PRESETS),
+        help="configuration to start from (default: cpu-default)",
+    )
     parser.add_argument("--smoke", action="store_true", help="shorthand for --preset smoke")
-    parser.add_argument("--val-data", action="append", default=None, metavar="FILE",
-                        help="AIME 2024/2025 file (repeatable); replaces the preset's")  # fmt: skip
+    parser.add_argument(
+        "--val-data",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="AIME 2024/2025 file (repeatable); replaces the preset's",
+    )
     parser.add_argument("--no-sft", action="store_true", help="skip the SFT stage")
     parser.add_argument("--no-rl", action="store_true", help="skip the RL stage")
     parser.add_argument("--use-kl-loss", action="store_true", help="add the KL loss")
@@ -81,12 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the embedded sandbox run code it cannot contain (not root)",
     )
-    parser.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
-                        help="DAPO dynamic sampling filter on/off (default: the preset's)")  # fmt: skip
-    parser.add_argument("--tool-schema-in-prompt", action=argparse.BooleanOptionalAction,
-                        default=None, help="render the tool schema into prompts (default: the preset's)")  # fmt: skip
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config as JSON and exit")  # fmt: skip
+    parser.add_argument(
+        "--dynamic-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="DAPO dynamic sampling filter on/off (default: the preset's)",
+    )
+    parser.add_argument(
+        "--tool-schema-in-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render the tool schema into prompts (default: the preset's)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as JSON and exit"
+    )
     for flag, (section, name, kind) in _OVERRIDES.items():
         where = f"{section}.{name}" if section else name
         parser.add_argument(flag, type=kind, default=None, help=f"overrides {where}")

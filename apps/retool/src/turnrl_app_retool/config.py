@@ -256,8 +256,14 @@ class RetoolAppConfig:
             ValueError: a setting is out of range or inconsistent with another.
         """
         rl = self.rl
-        for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt",
-                     "global_batch_size", "micro_batch_size", "max_turns"):  # fmt: skip
+        for name in (
+            "num_rollout",
+            "rollout_batch_size",
+            "n_samples_per_prompt",
+            "global_batch_size",
+            "micro_batch_size",
+            "max_turns",
+        ):
             if getattr(rl, name) < 1:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(rl, name)}")
         if (rl.rollout_batch_size * rl.n_samples_per_prompt) % rl.global_batch_size:
@@ -310,8 +316,10 @@ class RetoolAppConfig:
                 "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"
             )
         if not 0 <= rl.overlong_buffer_len <= rl.max_response_length:
-            raise ValueError(f"rl.overlong_buffer_len must be in [0, max_response_length="
-                             f"{rl.max_response_length}], got {rl.overlong_buffer_len}")  # fmt: skip
+            raise ValueError(
+                f"rl.overlong_buffer_len must be in [0, max_response_length="
+                f"{rl.max_response_length}], got {rl.overlong_buffer_len}"
+            )
         if rl.overlong_penalty_factor < 0:
             raise ValueError(
                 f"rl.overlong_penalty_factor must be >= 0, got {rl.overlong_penalty_factor}"
@@ -359,9 +367,15 @@ def cpu_default() -> RetoolAppConfig:
     c.model.torch_threads = 1
     c.data = dataclasses.replace(c.data, num_val_problems=128, tool_schema_in_prompt=False)
     c.sft = dataclasses.replace(c.sft, num_steps=250, lr_decay="constant")
-    c.rl = dataclasses.replace(c.rl, num_rollout=20, dynamic_sampling=True, filter_metric="acc",
-                               gen_batch_size=12, max_num_gen_batches=4,
-                               overlong_buffer_len=64)  # fmt: skip
+    c.rl = dataclasses.replace(
+        c.rl,
+        num_rollout=20,
+        dynamic_sampling=True,
+        filter_metric="acc",
+        gen_batch_size=12,
+        max_num_gen_batches=4,
+        overlong_buffer_len=64,
+    )
     c.eval = dataclasses.replace(c.eval, n=8, top_p=1.0)
     return c
 
@@ -370,12 +384,21 @@ def smoke() -> RetoolAppConfig:
     """``cpu-default`` shrunk to seconds per stage (CI's end-to-end check)."""
     c = cpu_default()
     c.preset = "smoke"
-    c.data = DataConfig(num_sft_chats=64, num_train_problems=32, num_val_problems=8,
-                        tool_schema_in_prompt=False)  # fmt: skip
+    c.data = DataConfig(
+        num_sft_chats=64, num_train_problems=32, num_val_problems=8, tool_schema_in_prompt=False
+    )
     c.sft = dataclasses.replace(c.sft, num_steps=10, global_batch_size=8, micro_batch_size=8)
-    c.rl = dataclasses.replace(c.rl, num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=4,
-                               global_batch_size=16, micro_batch_size=16, max_turns=3,
-                               gen_batch_size=None, max_num_gen_batches=2)  # fmt: skip
+    c.rl = dataclasses.replace(
+        c.rl,
+        num_rollout=2,
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        global_batch_size=16,
+        micro_batch_size=16,
+        max_turns=3,
+        gen_batch_size=None,
+        max_num_gen_batches=2,
+    )
     c.eval = dataclasses.replace(c.eval, n=2)
     return c
 
@@ -384,27 +407,54 @@ def _real_scale(preset: str, checkpoint: str, device: str, devices: int) -> Reto
     """The recipe's shared real-scale settings (no KL, clip 0.2 / 0.28 / 10, n = 16)."""
     c = RetoolAppConfig(preset=preset, num_devices=devices)
     c.model = ModelConfig(hf_checkpoint=checkpoint, dtype="bfloat16")
-    c.data = DataConfig(sft_path="data/ReTool-SFT/data/train-00000-of-00001.parquet",
-                        train_path="data/DAPO-Math-17k/data/dapo-math-17k.parquet",
-                        val_paths=["data/aime_2025/train.jsonl"])  # fmt: skip
-    c.sft = SFTStageConfig(num_steps=6 * 2000 // 64, global_batch_size=64, micro_batch_size=4,
-                           lr=1e-5, max_length=16384)  # fmt: skip  # ~2k chats, 6 epochs
-    c.rl = RLStageConfig(num_rollout=130, rollout_batch_size=64, n_samples_per_prompt=16,
-                         global_batch_size=16 * 16, micro_batch_size=4, lr=1e-6,
-                         max_turns=16, max_prompt_length=2048, max_response_length=16384,
-                         max_turn_tokens=16384, max_inflight=512)  # fmt: skip
+    c.data = DataConfig(
+        sft_path="data/ReTool-SFT/data/train-00000-of-00001.parquet",
+        train_path="data/DAPO-Math-17k/data/dapo-math-17k.parquet",
+        val_paths=["data/aime_2025/train.jsonl"],
+    )
+    c.sft = SFTStageConfig(
+        num_steps=6 * 2000 // 64,
+        global_batch_size=64,
+        micro_batch_size=4,
+        lr=1e-5,
+        max_length=16384,
+    )  # ~2k chats, 6 epochs
+    c.rl = RLStageConfig(
+        num_rollout=130,
+        rollout_batch_size=64,
+        n_samples_per_prompt=16,
+        global_batch_size=16 * 16,
+        micro_batch_size=4,
+        lr=1e-6,
+        max_turns=16,
+        max_prompt_length=2048,
+        max_response_length=16384,
+        max_turn_tokens=16384,
+        max_inflight=512,
+    )
     c.eval = EvalConfig(n=30, temperature=1.0, top_p=0.6)
-    c.engine = EngineConfig(device=device, num_engines=devices // 2, tensor_parallel_size=2,
-                            gpu_memory_utilization=0.9, max_num_seqs=1024)  # fmt: skip
+    c.engine = EngineConfig(
+        device=device,
+        num_engines=devices // 2,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.9,
+        max_num_seqs=1024,
+    )
     return c
 
 
 def _dapo(c: RetoolAppConfig) -> RetoolAppConfig:
     """Turn on DAPO's dynamic sampling (3x over-generation, 10 rounds at most, filter on
     accuracy) and overlong shaping (4096-token buffer, factor 1), as verl's DAPO recipe."""
-    c.rl = dataclasses.replace(c.rl, dynamic_sampling=True, filter_metric="acc",
-                               gen_batch_size=3 * c.rl.rollout_batch_size, max_num_gen_batches=10,
-                               overlong_buffer_len=4096, overlong_penalty_factor=1.0)  # fmt: skip
+    c.rl = dataclasses.replace(
+        c.rl,
+        dynamic_sampling=True,
+        filter_metric="acc",
+        gen_batch_size=3 * c.rl.rollout_batch_size,
+        max_num_gen_batches=10,
+        overlong_buffer_len=4096,
+        overlong_penalty_factor=1.0,
+    )
     return c
 
 
@@ -423,8 +473,13 @@ def qwen25_7b_npu() -> RetoolAppConfig:
     c = _real_scale("qwen2.5-7b-npu", QWEN25_7B, "npu", 8)
     c.sft.enabled = False
     c.data.val_paths = ["data/AIME_2024/aime_2024_problems.parquet"]
-    c.rl = dataclasses.replace(c.rl, rollout_batch_size=32, global_batch_size=16 * 16,
-                               max_response_length=20480, max_turn_tokens=20480)  # fmt: skip
+    c.rl = dataclasses.replace(
+        c.rl,
+        rollout_batch_size=32,
+        global_batch_size=16 * 16,
+        max_response_length=20480,
+        max_turn_tokens=20480,
+    )
     c.engine.extra_args = ["--enable-chunked-prefill"]
     c.env = dict(NPU_ENV)
     return c
@@ -433,8 +488,9 @@ def qwen25_7b_npu() -> RetoolAppConfig:
 def qwen3_4b_gpu() -> RetoolAppConfig:
     """Qwen3-4B-Instruct-2507 on 8 GPUs: the recipe's GPU column (vLLM TP 4, memory 0.9)."""
     c = _dapo(_real_scale("qwen3-4b-gpu", QWEN3_4B, "gpu", 8))
-    c.engine = dataclasses.replace(c.engine, num_engines=2, tensor_parallel_size=4,
-                                   max_num_seqs=None)  # fmt: skip
+    c.engine = dataclasses.replace(
+        c.engine, num_engines=2, tensor_parallel_size=4, max_num_seqs=None
+    )
     return c
 
 

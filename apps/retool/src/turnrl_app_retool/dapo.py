@@ -35,8 +35,11 @@ def overlong_config(rl: RLStageConfig) -> OverlongConfig | None:
     """The overlong penalty settings of ``rl``; None when shaping is off (buffer 0)."""
     if rl.overlong_buffer_len <= 0:
         return None
-    return OverlongConfig(max_len=rl.max_response_length, buffer_len=rl.overlong_buffer_len,
-                          penalty_factor=rl.overlong_penalty_factor)  # fmt: skip
+    return OverlongConfig(
+        max_len=rl.max_response_length,
+        buffer_len=rl.overlong_buffer_len,
+        penalty_factor=rl.overlong_penalty_factor,
+    )
 
 
 def shaped_rewards(samples: Sequence[Any], config: OverlongConfig | None) -> list[float]:
@@ -104,8 +107,9 @@ async def collect_informative(
         seconds of every round together, and the step's filter scalars.
     """
     target, gen_batch = rl.rollout_batch_size, rl.gen_batch_size or rl.rollout_batch_size
-    sampler = DynamicSampler(target, max_tries=rl.max_num_gen_batches,
-                             group_size=rl.n_samples_per_prompt)  # fmt: skip
+    sampler = DynamicSampler(
+        target, max_tries=rl.max_num_gen_batches, group_size=rl.n_samples_per_prompt
+    )
     pool: list[Any] = []
     exhausted = False
     start = time.perf_counter()
@@ -113,8 +117,9 @@ async def collect_informative(
         samples, _ = await loop.collect(loop.data.next(gen_batch))
         pool.extend(samples)
         try:
-            if not sampler.add(filter_values(samples, rl.filter_metric),
-                               [s.group_id for s in samples]).need_more:  # fmt: skip
+            if not sampler.add(
+                filter_values(samples, rl.filter_metric), [s.group_id for s in samples]
+            ).need_more:
                 break
         except RuntimeError:  # max_num_gen_batches rounds and still short of the target
             exhausted = True
@@ -125,9 +130,11 @@ async def collect_informative(
         keep = set(list(dict.fromkeys(s.group_id for s in pool))[:target])
     kept = [s for s in pool if s.group_id in keep]
     stats = group_stats(pool, rl.filter_metric)
-    stats.update({
-        "rollout/dynamic_sampling/gen_batches": float(sampler.tries),
-        "rollout/dynamic_sampling/kept_groups": float(len(keep)),
-        "rollout/dynamic_sampling/exhausted": float(exhausted),
-    })  # fmt: skip
+    stats.update(
+        {
+            "rollout/dynamic_sampling/gen_batches": float(sampler.tries),
+            "rollout/dynamic_sampling/kept_groups": float(len(keep)),
+            "rollout/dynamic_sampling/exhausted": float(exhausted),
+        }
+    )
     return kept, seconds, stats

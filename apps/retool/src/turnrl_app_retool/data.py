@@ -55,8 +55,12 @@ class MathTask:
 
     def as_task(self) -> dict[str, Any]:
         """The dict `RetoolEnv.reset` takes (it reads `problem`)."""
-        return {"problem": self.problem, "answer": self.answer, "data_source": self.data_source,
-                "index": self.index}  # fmt: skip
+        return {
+            "problem": self.problem,
+            "answer": self.answer,
+            "data_source": self.data_source,
+            "index": self.index,
+        }
 
 
 def read_table(path: str | Path, required: tuple[str, ...]) -> Any:
@@ -74,8 +78,7 @@ def read_table(path: str | Path, required: tuple[str, ...]) -> Any:
     if fmt is None:
         raise DatasetError(f"{file}: unknown format {file.suffix!r}; use one of {sorted(_FORMATS)}")
     try:
-        table = datasets.load_dataset(fmt, data_files=str(file), split="train",
-                                      keep_in_memory=True)  # fmt: skip
+        table = datasets.load_dataset(fmt, data_files=str(file), split="train", keep_in_memory=True)
     except Exception as exc:  # datasets wraps pyarrow/json errors in several types
         raise DatasetError(f"{file}: cannot read as {fmt}: {type(exc).__name__}: {exc}") from exc
     missing = [c for c in required if c not in table.column_names]
@@ -116,21 +119,25 @@ def load_aime(path: str | Path, data_source: str | None = None) -> list[MathTask
     elif {"problem", "answer"} <= set(table.column_names):
         keys, default = ("problem", "answer"), "aime_2025"
     else:
-        raise DatasetError(f"{file}: missing column(s): need Problem/Answer (AIME 2024) or "
-                           f"problem/answer (AIME 2025); found {table.column_names}")  # fmt: skip
+        raise DatasetError(
+            f"{file}: missing column(s): need Problem/Answer (AIME 2024) or "
+            f"problem/answer (AIME 2025); found {table.column_names}"
+        )
     return _aime_tasks(table, keys, data_source or default, file)
 
 
 def load_aime2024(path: str | Path) -> list[MathTask]:
     """AIME 2024 (`Problem`, `Answer` columns)."""
-    return _aime_tasks(read_table(path, ("Problem", "Answer")), ("Problem", "Answer"),
-                       "aime_2024", Path(path))  # fmt: skip
+    return _aime_tasks(
+        read_table(path, ("Problem", "Answer")), ("Problem", "Answer"), "aime_2024", Path(path)
+    )
 
 
 def load_aime2025(path: str | Path) -> list[MathTask]:
     """AIME 2025 (`problem`, `answer` columns)."""
-    return _aime_tasks(read_table(path, ("problem", "answer")), ("problem", "answer"),
-                       "aime_2025", Path(path))  # fmt: skip
+    return _aime_tasks(
+        read_table(path, ("problem", "answer")), ("problem", "answer"), "aime_2025", Path(path)
+    )
 
 
 def dapo_problem(prompt_text: str) -> str:
@@ -161,10 +168,14 @@ def load_dapo_math(path: str | Path, limit: int | None = None) -> list[MathTask]
             raise DatasetError(f"{where}: reward_model has no ground_truth")
         extra = row.get("extra_info") or {}
         index = extra.get("index", i) if isinstance(extra, dict) else i
-        tasks.append(MathTask(dapo_problem(_text(users[-1].get("content"), where)),
-                              _text(reward_model["ground_truth"], where),
-                              str(row.get("data_source") or "dapo_math_17k"),
-                              int(index) if str(index).isdigit() else i))  # fmt: skip
+        tasks.append(
+            MathTask(
+                dapo_problem(_text(users[-1].get("content"), where)),
+                _text(reward_model["ground_truth"], where),
+                str(row.get("data_source") or "dapo_math_17k"),
+                int(index) if str(index).isdigit() else i,
+            )
+        )
     return tasks
 
 
@@ -190,17 +201,28 @@ def split_assistant(content: str, call_prefix: str = "call") -> list[dict[str, A
         text = pending + content[cursor : match.start()]
         cursor = match.end()
         if match.group(1) is not None:
-            call = {"id": f"{call_prefix}-{number}", "type": "function",
-                    "function": {"name": CODE_INTERPRETER,
-                                 "arguments": {"code": _code_of(match.group(1))}}}  # fmt: skip
+            call = {
+                "id": f"{call_prefix}-{number}",
+                "type": "function",
+                "function": {
+                    "name": CODE_INTERPRETER,
+                    "arguments": {"code": _code_of(match.group(1))},
+                },
+            }
             messages.append({"role": "assistant", "content": text.strip(), "tool_calls": [call]})
             pending = ""
         else:
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant" or "tool_calls" not in last:
                 raise DatasetError("an <interpreter> block has no <code> block before it")
-            messages.append({"role": "tool", "tool_call_id": last["tool_calls"][0]["id"],
-                             "name": CODE_INTERPRETER, "content": match.group(2).strip()})  # fmt: skip
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": last["tool_calls"][0]["id"],
+                    "name": CODE_INTERPRETER,
+                    "content": match.group(2).strip(),
+                }
+            )
             pending = text
     tail = (pending + content[cursor:]).strip()
     if tail or not messages:
@@ -214,8 +236,10 @@ def convert_retool_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for k, message in enumerate(messages):
         role, content = message.get("role"), message.get("content")
         if role not in ("system", "user", "assistant") or not isinstance(content, str):
-            raise DatasetError(f"message {k}: expected role system/user/assistant with text "
-                               f"content, got role={role!r}")  # fmt: skip
+            raise DatasetError(
+                f"message {k}: expected role system/user/assistant with text "
+                f"content, got role={role!r}"
+            )
         if role == "assistant":
             out.extend(split_assistant(content, call_prefix=f"call-{k}"))
         else:

@@ -46,18 +46,31 @@ class EpisodeSettings:
     """Render the tool schema into the prompt (``data.tool_schema_in_prompt``)."""
 
 
-def episode_settings(config: RetoolAppConfig, chat: ChatTokenizer, sandbox: SandboxClient,
-                     temperature: float, top_p: float, seed: int | None = None) -> EpisodeSettings:  # fmt: skip
+def episode_settings(
+    config: RetoolAppConfig,
+    chat: ChatTokenizer,
+    sandbox: SandboxClient,
+    temperature: float,
+    top_p: float,
+    seed: int | None = None,
+) -> EpisodeSettings:
     """Episode settings from the app config, with the given sampling temperature / top-p."""
     rl, box = config.rl, config.sandbox
-    env = RetoolConfig(max_turns=rl.max_turns, run_timeout=box.run_timeout,
-                       memory_limit_mb=box.memory_limit_mb,
-                       max_tool_output_chars=box.max_tool_output_chars)  # fmt: skip
-    limits = TrajectoryLimits(max_context_tokens=rl.max_prompt_length + rl.max_response_length,
-                              max_turn_tokens=rl.max_turn_tokens, max_turns=rl.max_turns,
-                              max_tool_output_tokens=min(512, rl.max_response_length))  # fmt: skip
-    sampling = SamplingParams(temperature=temperature, top_p=top_p,
-                              max_tokens=rl.max_turn_tokens, seed=seed)  # fmt: skip
+    env = RetoolConfig(
+        max_turns=rl.max_turns,
+        run_timeout=box.run_timeout,
+        memory_limit_mb=box.memory_limit_mb,
+        max_tool_output_chars=box.max_tool_output_chars,
+    )
+    limits = TrajectoryLimits(
+        max_context_tokens=rl.max_prompt_length + rl.max_response_length,
+        max_turn_tokens=rl.max_turn_tokens,
+        max_turns=rl.max_turns,
+        max_tool_output_tokens=min(512, rl.max_response_length),
+    )
+    sampling = SamplingParams(
+        temperature=temperature, top_p=top_p, max_tokens=rl.max_turn_tokens, seed=seed
+    )
     rollout = RolloutConfig(sampling=sampling, limits=limits, max_inflight=rl.max_inflight)
     return EpisodeSettings(chat, sandbox, env, rollout, config.data.tool_schema_in_prompt)
 
@@ -87,21 +100,30 @@ def score_episode(trajectory: Trajectory, answer: str) -> tuple[bool, float]:
     """(correct, ReTool reward) of one episode; an episode that did not answer is wrong."""
     answered = trajectory.status == "completed" and not trajectory.metadata.get("error")
     correct = answered and score_math(final_response(trajectory), answer, MATH_SCORING).correct
-    reward = retool_reward(correct, num_turns=verl_num_turns(trajectory.messages),
-                           num_tool_calls=trajectory.num_tool_calls,
-                           config=RetoolRewardConfig())  # fmt: skip
+    reward = retool_reward(
+        correct,
+        num_turns=verl_num_turns(trajectory.messages),
+        num_tool_calls=trajectory.num_tool_calls,
+        config=RetoolRewardConfig(),
+    )
     return correct, reward.reward
 
 
-async def run_tasks(engine: TokenEngine, settings: EpisodeSettings, tasks: Sequence[MathTask],
-                    n: int, group_prefix: str = "g") -> list[Trajectory]:  # fmt: skip
+async def run_tasks(
+    engine: TokenEngine,
+    settings: EpisodeSettings,
+    tasks: Sequence[MathTask],
+    n: int,
+    group_prefix: str = "g",
+) -> list[Trajectory]:
     """``n`` episodes of every task (one GRPO group per task), scored.
 
     Each trajectory gets ``reward``, ``reward_breakdown["correct"]`` and the task's answer in
     ``metadata["answer"]``.
     """
-    requests = group_requests([t.as_task() for t in tasks], n,
-                              [f"{group_prefix}-{i}" for i in range(len(tasks))])  # fmt: skip
+    requests = group_requests(
+        [t.as_task() for t in tasks], n, [f"{group_prefix}-{i}" for i in range(len(tasks))]
+    )
 
     def make_env() -> RetoolEnv:
         env = RetoolEnv(settings.sandbox, settings.env)
@@ -196,6 +218,8 @@ def generations_text(
     parts = []
     for t in trajectories[:limit]:
         body = chat.decode(t.ids)
-        parts.append(f"### reward {t.reward:+.2f}, answer {t.metadata.get('answer')}, "
-                     f"status {t.status}\n\n```\n{body}\n```")  # fmt: skip
+        parts.append(
+            f"### reward {t.reward:+.2f}, answer {t.metadata.get('answer')}, "
+            f"status {t.status}\n\n```\n{body}\n```"
+        )
     return "\n\n".join(parts)

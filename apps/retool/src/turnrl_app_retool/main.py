@@ -48,8 +48,9 @@ class Datasets:
 
     def __init__(self, config: RetoolAppConfig, instruction: str) -> None:
         d = config.data
-        train, heldout = train_and_heldout(max(d.num_train_problems, d.num_sft_chats),
-                                           d.num_val_problems, config.seed)  # fmt: skip
+        train, heldout = train_and_heldout(
+            max(d.num_train_problems, d.num_sft_chats), d.num_val_problems, config.seed
+        )
         # Probe chats for SFT's stop (SFTStop), never trained on: the file's last chats, or
         # generated problems of their own seed, in no other set.
         self.probe_chats: list[list[dict[str, Any]]] = []
@@ -86,10 +87,15 @@ def build_base_model(config: RetoolAppConfig, folder: Path) -> Path:
     from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
     h = config.model.tiny_hidden_size
-    tiny = TinyModelConfig(hidden_size=h, intermediate_size=2 * h, head_dim=32,
-                           num_hidden_layers=config.model.tiny_num_layers,
-                           num_attention_heads=max(2, h // 32), num_key_value_heads=max(1, h // 64),
-                           seed=config.seed)  # fmt: skip
+    tiny = TinyModelConfig(
+        hidden_size=h,
+        intermediate_size=2 * h,
+        head_dim=32,
+        num_hidden_layers=config.model.tiny_num_layers,
+        num_attention_heads=max(2, h // 32),
+        num_key_value_heads=max(1, h // 64),
+        seed=config.seed,
+    )
     return build_tiny_model(folder, tiny)
 
 
@@ -182,11 +188,16 @@ def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[lis
     servers = []
     try:
         for _ in range(e.num_engines):
-            spec = EngineSpec(model=str(model), device=e.device, port=free_port(),
-                              max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
-                              tensor_parallel_size=e.tensor_parallel_size,
-                              gpu_memory_utilization=e.gpu_memory_utilization,
-                              cpu_kvcache_gib=e.cpu_kvcache_gib, extra_args=extra)  # fmt: skip
+            spec = EngineSpec(
+                model=str(model),
+                device=e.device,
+                port=free_port(),
+                max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
+                tensor_parallel_size=e.tensor_parallel_size,
+                gpu_memory_utilization=e.gpu_memory_utilization,
+                cpu_kvcache_gib=e.cpu_kvcache_gib,
+                extra_args=extra,
+            )
             servers.append(EngineServer(spec, log_dir=log_dir).start())
         yield [s.url for s in servers]
     finally:
@@ -197,8 +208,9 @@ def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[lis
 class Evaluator:
     """Validation over every dataset; keeps what the summary table needs."""
 
-    def __init__(self, config: RetoolAppConfig, settings: Any, datasets: Datasets,
-                 logger: RunLogger) -> None:  # fmt: skip
+    def __init__(
+        self, config: RetoolAppConfig, settings: Any, datasets: Datasets, logger: RunLogger
+    ) -> None:
         self.config, self.settings, self.datasets, self.logger = config, settings, datasets, logger
         self.per_problem: dict[int, dict[str, list[float]]] = {}
         """Step -> dataset -> each problem's accuracy (for standard errors and paired deltas)."""
@@ -264,23 +276,44 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         phases["sft_cpu_s"] = time.process_time()
         console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as urls:
-            box = SandboxClient(SandboxClientConfig(url=url, run_timeout=config.sandbox.run_timeout,
-                                                    memory_limit_mb=config.sandbox.memory_limit_mb,
-                                                    max_concurrency=config.sandbox.max_concurrency))  # fmt: skip
-            settings = episode_settings(config, ChatTokenizer.from_dir(policy), box,
-                                        config.eval.temperature, config.eval.top_p)  # fmt: skip
+            box = SandboxClient(
+                SandboxClientConfig(
+                    url=url,
+                    run_timeout=config.sandbox.run_timeout,
+                    memory_limit_mb=config.sandbox.memory_limit_mb,
+                    max_concurrency=config.sandbox.max_concurrency,
+                )
+            )
+            settings = episode_settings(
+                config,
+                ChatTokenizer.from_dir(policy),
+                box,
+                config.eval.temperature,
+                config.eval.top_p,
+            )
             evaluate = Evaluator(config, settings, datasets, logger)
             async with Router(urls) as router:
                 t0 = time.perf_counter()
                 before = await evaluate(router, 0)
                 phases["eval_before_s"] = time.perf_counter() - t0
-                console.print(f"before RL: acc {accuracy(before):.3f}, "
-                              f"turns {before['val-aux/num_turns/mean']:.2f}")  # fmt: skip
+                console.print(
+                    f"before RL: acc {accuracy(before):.3f}, "
+                    f"turns {before['val-aux/num_turns/mean']:.2f}"
+                )
                 history: list[dict[str, float]] = []
                 t0 = time.perf_counter()
                 if config.rl.enabled:
-                    history = await run_rl_stage(config, policy, urls, router, settings,
-                                                 datasets.train, run_dir, logger, console)  # fmt: skip
+                    history = await run_rl_stage(
+                        config,
+                        policy,
+                        urls,
+                        router,
+                        settings,
+                        datasets.train,
+                        run_dir,
+                        logger,
+                        console,
+                    )
                 phases["rl_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 after = await evaluate(router, len(history)) if history else before
@@ -289,8 +322,9 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         phases["app_cpu_s"] = time.process_time()  # this process: data, SFT, RL training
         children = resource.getrusage(resource.RUSAGE_CHILDREN)  # engines and sandbox, stopped
         phases["children_cpu_s"] = children.ru_utime + children.ru_stime
-        summary = make_summary(config, before, after, history, phases, time.perf_counter() - start,
-                               per_problem)  # fmt: skip
+        summary = make_summary(
+            config, before, after, history, phases, time.perf_counter() - start, per_problem
+        )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     render_curves(run_dir, console)
     console.print(results_table(summary))
@@ -329,9 +363,15 @@ def standard_errors(before: PerProblem, after: PerProblem) -> dict[str, float]:
     }
 
 
-def make_summary(config: RetoolAppConfig, before: dict[str, float], after: dict[str, float],
-                 history: Sequence[dict[str, float]], phases: dict[str, float], wall: float,
-                 per_problem: tuple[PerProblem, PerProblem] | None = None) -> dict[str, Any]:  # fmt: skip
+def make_summary(
+    config: RetoolAppConfig,
+    before: dict[str, float],
+    after: dict[str, float],
+    history: Sequence[dict[str, float]],
+    phases: dict[str, float],
+    wall: float,
+    per_problem: tuple[PerProblem, PerProblem] | None = None,
+) -> dict[str, Any]:
     """summary.json: accuracy (± s.e. when ``per_problem`` is given) and turns before/after
     RL, the delta, steps, timings, and how many groups dynamic sampling filtered."""
     acc_before, acc_after = accuracy(before), accuracy(after)
@@ -377,15 +417,27 @@ def results_table(summary: dict[str, Any]) -> Table:
         se = summary.get(f"{key}_se")
         return f"{summary[key]:{sign}.3f}" + ("" if se is None else f" ± {se:.3f}")
 
-    table.add_row("after SFT", acc("acc_before"), f"{summary['num_turns_before']:.2f}",
-                  f"{summary['tokens_per_s_before']:.0f}",
-                  f"SFT {phases['sft_s']:.0f}s + eval {phases['eval_before_s']:.0f}s")  # fmt: skip
-    table.add_row(f"after RL ({summary['steps']} steps)", acc("acc_after"),
-                  f"{summary['num_turns_after']:.2f}", f"{summary['tokens_per_s_after']:.0f}",
-                  f"RL {phases['rl_s']:.0f}s + eval {phases['eval_after_s']:.0f}s")  # fmt: skip
-    table.add_row("delta", acc("acc_delta"),
-                  f"{summary['num_turns_after'] - summary['num_turns_before']:+.2f}", "",
-                  f"total {summary['wall_seconds']:.0f}s")  # fmt: skip
+    table.add_row(
+        "after SFT",
+        acc("acc_before"),
+        f"{summary['num_turns_before']:.2f}",
+        f"{summary['tokens_per_s_before']:.0f}",
+        f"SFT {phases['sft_s']:.0f}s + eval {phases['eval_before_s']:.0f}s",
+    )
+    table.add_row(
+        f"after RL ({summary['steps']} steps)",
+        acc("acc_after"),
+        f"{summary['num_turns_after']:.2f}",
+        f"{summary['tokens_per_s_after']:.0f}",
+        f"RL {phases['rl_s']:.0f}s + eval {phases['eval_after_s']:.0f}s",
+    )
+    table.add_row(
+        "delta",
+        acc("acc_delta"),
+        f"{summary['num_turns_after'] - summary['num_turns_before']:+.2f}",
+        "",
+        f"total {summary['wall_seconds']:.0f}s",
+    )
     return table
 
 

@@ -34,36 +34,62 @@ def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: in
     )
 
     rl = config.rl
-    loss = ActorLossConfig(eps_clip=rl.eps_clip, eps_clip_high=rl.eps_clip_high,
-                           dual_clip_c=rl.dual_clip_c, use_kl_loss=rl.use_kl_loss,
-                           kl_loss_coef=rl.kl_loss_coef, entropy_coef=rl.entropy_coef,
-                           loss_agg_mode=rl.loss_agg_mode)  # type: ignore[arg-type]  # fmt: skip
-    return TorchEngine(TorchEngineConfig(
-        model_path=str(model_path), dtype=config.model.dtype,  # type: ignore[arg-type]
-        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0), loss=loss, micro_batch_size=micro,
-        temperature=rl.temperature, top_p=rl.top_p, seed=config.seed,
-    ))  # fmt: skip
+    loss = ActorLossConfig(
+        eps_clip=rl.eps_clip,
+        eps_clip_high=rl.eps_clip_high,
+        dual_clip_c=rl.dual_clip_c,
+        use_kl_loss=rl.use_kl_loss,
+        kl_loss_coef=rl.kl_loss_coef,
+        entropy_coef=rl.entropy_coef,
+        loss_agg_mode=rl.loss_agg_mode,
+    )  # type: ignore[arg-type]
+    return TorchEngine(
+        TorchEngineConfig(
+            model_path=str(model_path),
+            dtype=config.model.dtype,  # type: ignore[arg-type]
+            optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
+            loss=loss,
+            micro_batch_size=micro,
+            temperature=rl.temperature,
+            top_p=rl.top_p,
+            seed=config.seed,
+        )
+    )
 
 
 def step_line(step: int, metrics: dict[str, float]) -> str:
     """The console line of one RL step (reward, accuracy, groups filtered, seconds)."""
-    line = (f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
-            f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}")  # fmt: skip
+    line = (
+        f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
+        f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}"
+    )
     if "rollout/dynamic_sampling/kept_groups" in metrics:
-        line += (f", groups kept {metrics['rollout/dynamic_sampling/kept_groups']:.0f} / "
-                 f"filtered {metrics['rollout/dynamic_sampling/filtered_groups']:.0f} "
-                 f"in {metrics['rollout/dynamic_sampling/gen_batches']:.0f} round(s)")  # fmt: skip
+        line += (
+            f", groups kept {metrics['rollout/dynamic_sampling/kept_groups']:.0f} / "
+            f"filtered {metrics['rollout/dynamic_sampling/filtered_groups']:.0f} "
+            f"in {metrics['rollout/dynamic_sampling/gen_batches']:.0f} round(s)"
+        )
         if metrics.get("rollout/dynamic_sampling/exhausted"):
             line += " (max rounds reached: short of informative groups)"
     else:
-        line += (f", groups with equal rewards {metrics['rollout/dynamic_sampling/filtered_groups']:.0f}"
-                 f" of {metrics['rollout/dynamic_sampling/generated_groups']:.0f} (not filtered)")  # fmt: skip
+        line += (
+            f", groups with equal rewards {metrics['rollout/dynamic_sampling/filtered_groups']:.0f}"
+            f" of {metrics['rollout/dynamic_sampling/generated_groups']:.0f} (not filtered)"
+        )
     return line + f", {metrics.get('perf/step_s', 0.0):.1f}s"
 
 
-async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], router: Any,
-                       settings: Any, train: list[MathTask], run_dir: Path, logger: RunLogger,
-                       console: Console) -> list[dict[str, float]]:  # fmt: skip
+async def run_rl_stage(
+    config: RetoolAppConfig,
+    policy: Path,
+    urls: list[str],
+    router: Any,
+    settings: Any,
+    train: list[MathTask],
+    run_dir: Path,
+    logger: RunLogger,
+    console: Console,
+) -> list[dict[str, float]]:
     """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights.
 
     Returns:
@@ -74,14 +100,23 @@ async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], r
     from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig
 
     rl = config.rl
-    loop_config = LoopConfig(num_rollout=rl.num_rollout, rollout_batch_size=rl.rollout_batch_size,
-                             n_samples_per_prompt=rl.n_samples_per_prompt,
-                             global_batch_size=rl.global_batch_size,
-                             advantage_estimator=rl.advantage_estimator, rollout_shuffle=True,
-                             seed=config.seed)  # fmt: skip
+    loop_config = LoopConfig(
+        num_rollout=rl.num_rollout,
+        rollout_batch_size=rl.rollout_batch_size,
+        n_samples_per_prompt=rl.n_samples_per_prompt,
+        global_batch_size=rl.global_batch_size,
+        advantage_estimator=rl.advantage_estimator,
+        rollout_shuffle=True,
+        seed=config.seed,
+    )
     trainer = make_trainer(policy, config, rl.lr, rl.micro_batch_size)
-    rl_settings = replace(settings, rollout=replace(settings.rollout, sampling=replace(
-        settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p)))  # fmt: skip
+    rl_settings = replace(
+        settings,
+        rollout=replace(
+            settings.rollout,
+            sampling=replace(settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p),
+        ),
+    )
     overlong = overlong_config(rl)
     rounds = [0]  # every generation round gets fresh group ids (the filter tracks groups by id)
 
@@ -100,13 +135,20 @@ async def run_rl_stage(config: RetoolAppConfig, policy: Path, urls: list[str], r
             metrics.update(step_stats)  # the same dict lands in the loop's history
             logger.log(step, metrics, "rl")
             console.print(step_line(step, metrics))
-            bar.update(task, advance=1, description=(
-                f"GRPO reward {metrics['rollout/reward_mean']:+.2f}"))  # fmt: skip
+            bar.update(
+                task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
+            )
 
-        loop = GRPOLoop(loop_config, trainer, train, generate, reward,
-                        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
-                        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
-                        on_metrics=on_metrics)  # fmt: skip
+        loop = GRPOLoop(
+            loop_config,
+            trainer,
+            train,
+            generate,
+            reward,
+            weight_sync=DiskWeightSync(urls, run_dir / "weights"),
+            pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+            on_metrics=on_metrics,
+        )
         for _ in range(rl.num_rollout):
             if rl.dynamic_sampling:
                 samples, seconds, stats = await collect_informative(loop, rl)

@@ -41,8 +41,9 @@ class RunLogger:
 
                 self.writer = SummaryWriter(str(self.folder / "tensorboard"))
             except ImportError as exc:  # the `tensorboard` extra is not installed
-                self.tensorboard_error = (f"TensorBoard logging off ({exc}); install "
-                                          "turnrl-app-retool[tensorboard]")  # fmt: skip
+                self.tensorboard_error = (
+                    f"TensorBoard logging off ({exc}); install turnrl-app-retool[tensorboard]"
+                )
 
     def log(self, step: int, metrics: dict[str, float], phase: str) -> None:
         """Record one step's scalars (and their verl aliases)."""
@@ -73,6 +74,10 @@ class RunLogger:
     def __enter__(self) -> RunLogger:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

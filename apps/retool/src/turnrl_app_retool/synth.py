@@ -102,8 +102,11 @@ def sft_chat(
 ) -> list[dict[str, Any]]:
     """The ReTool-style SFT conversation of one problem (user, assistant+tool call, tool, answer)."""
     code = f"print({problem.expression})"
-    call = {"id": call_id, "type": "function",
-            "function": {"name": CODE_INTERPRETER, "arguments": {"code": code}}}  # fmt: skip
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": CODE_INTERPRETER, "arguments": {"code": code}},
+    }
     return [
         {"role": "user", "content": f"{problem.problem}\n\n{instruction}"},
         {"role": "assistant", "content": "I will compute it with code.", "tool_calls": [call]},

@@ -148,8 +148,9 @@ def sft_warm_up(
     kept = [e for e in examples if any(e.loss_mask)]
     prefixes = [
         build_sft_example(tok, prefix(messages, t.sft_prefix_turns), tools)
-        for messages in conversations if t.sft_prefix_steps
-    ]  # fmt: skip
+        for messages in conversations
+        if t.sft_prefix_steps
+    ]
     stages = [
         (t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size),
         (t.sft_steps, kept, t.sft_batch_size),

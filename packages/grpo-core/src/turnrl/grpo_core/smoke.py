@@ -46,12 +46,17 @@ VISIBLE_DEVICES = {
     DeviceType.NPU: "ASCEND_RT_VISIBLE_DEVICES",
 }
 STEP_KEYS = {
-    "step_s": "perf/step_s", "rollout_s": "perf/rollout_s", "train_s": "perf/train_s",
-    "sync_s": "perf/sync_s", "sync_total_s": "perf/sync_total_s",
+    "step_s": "perf/step_s",
+    "rollout_s": "perf/rollout_s",
+    "train_s": "perf/train_s",
+    "sync_s": "perf/sync_s",
+    "sync_total_s": "perf/sync_total_s",
     "sync_gb_per_s": "perf/sync_gb_per_s",
-    "sync_bytes": "perf/sync_bytes", "sync_buckets": "perf/sync_buckets",
-    "reward": "rollout/reward_mean", "loss": "train/loss",
-}  # fmt: skip
+    "sync_bytes": "perf/sync_bytes",
+    "sync_buckets": "perf/sync_buckets",
+    "reward": "rollout/reward_mean",
+    "loss": "train/loss",
+}
 
 
 def even_reward(sample: ToySample) -> float:
@@ -74,9 +79,15 @@ def engine_spec(
     kind: DeviceType, model: Path, python: Path, sync_kind: str, port: int
 ) -> EngineSpec:
     """One small engine; on a multi-GPU machine it gets device 1 and NCCL weight transfer."""
-    spec = EngineSpec(model=str(model), device=ENGINE_DEVICE[kind], port=port,
-                      python=str(python), max_model_len=256, gpu_memory_utilization=0.3,
-                      dtype="float32" if kind is DeviceType.CPU else "bfloat16")  # fmt: skip
+    spec = EngineSpec(
+        model=str(model),
+        device=ENGINE_DEVICE[kind],
+        port=port,
+        python=str(python),
+        max_model_len=256,
+        gpu_memory_utilization=0.3,
+        dtype="float32" if kind is DeviceType.CPU else "bfloat16",
+    )
     if sync_kind.startswith("collective-"):
         backend = sync_kind.removeprefix("collective-")
         spec.env[VISIBLE_DEVICES[kind]] = "1"
@@ -98,8 +109,9 @@ def build_loop(
 ) -> GRPOLoop:
     """A GRPO loop whose generate hook samples from the engine at ``url``."""
     allowed = list(range(100, 100 + args.candidates)) if args.candidates else []
-    sampling = SamplingParams(temperature=1.0, max_tokens=args.response_len, ignore_eos=True,
-                              allowed_token_ids=allowed)  # fmt: skip
+    sampling = SamplingParams(
+        temperature=1.0, max_tokens=args.response_len, ignore_eos=True, allowed_token_ids=allowed
+    )
     prompts = [[1 + i, 40 + i, 90 + i, 7] for i in range(args.prompts)]
 
     async def generate(batch: list[list[int]], n: int) -> list[ToySample]:
@@ -108,15 +120,21 @@ def build_loop(
                 *(client.generate(p, sampling) for p in batch for _ in range(n))
             )
         pairs = [p for p in batch for _ in range(n)]
-        return [ToySample(p, g.token_ids, [1] * len(g.token_ids), g.logprobs, str(p))
-                for p, g in zip(pairs, outs, strict=True)]  # fmt: skip
+        return [
+            ToySample(p, g.token_ids, [1] * len(g.token_ids), g.logprobs, str(p))
+            for p, g in zip(pairs, outs, strict=True)
+        ]
 
     async def reward(samples: list[ToySample]) -> list[float]:
         return [even_reward(s) for s in samples]
 
-    config = LoopConfig(num_rollout=args.steps, rollout_batch_size=args.prompts,
-                        n_samples_per_prompt=args.n, global_batch_size=args.prompts * args.n,
-                        seed=0)  # fmt: skip
+    config = LoopConfig(
+        num_rollout=args.steps,
+        rollout_batch_size=args.prompts,
+        n_samples_per_prompt=args.n,
+        global_batch_size=args.prompts * args.n,
+        seed=0,
+    )
     return GRPOLoop(config, trainer, prompts, generate, reward, weight_sync=sync, pad_id=0)
 
 
@@ -128,8 +146,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="turnrl-smoke-") as tmp:
         root = Path(tmp)
         model = build_tiny_model(root / "model", TinyModelConfig(seed=0))
-        trainer = TorchEngine(TorchEngineConfig(model_path=str(model), seed=0,
-                                                optimizer=OptimizerConfig(lr=args.lr)))  # fmt: skip
+        trainer = TorchEngine(
+            TorchEngineConfig(model_path=str(model), seed=0, optimizer=OptimizerConfig(lr=args.lr))
+        )
         port = free_port()
         sync, sync_kind = make_sync(kind, f"http://127.0.0.1:{port}", root / "sync")
         spec = engine_spec(kind, model, python, sync_kind, port)
@@ -139,9 +158,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows = asyncio.run(run_steps(loop, args.steps))
             if isinstance(sync, CollectiveWeightSync):
                 asyncio.run(sync.close())
-    report = {"device": kind.value, "trainer_device": str(trainer.device), "sync": sync_kind,
-              "setup_s": ready - start, "steps": rows,
-              "total_s": time.perf_counter() - start}  # fmt: skip
+    report = {
+        "device": kind.value,
+        "trainer_device": str(trainer.device),
+        "sync": sync_kind,
+        "setup_s": ready - start,
+        "steps": rows,
+        "total_s": time.perf_counter() - start,
+    }
     bad = [k for row in rows for k, v in row.items() if not math.isfinite(v)]
     if len(rows) != args.steps or bad:
         raise RuntimeError(f"smoke run incomplete or non-finite metrics: {bad}")

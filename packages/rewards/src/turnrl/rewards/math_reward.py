@@ -80,8 +80,12 @@ class MathScore:
 
     def breakdown(self) -> dict[str, object]:
         """The verdict as a plain dict for logging next to the reward."""
-        return {"correct": self.correct, "pred": self.pred, "path": self.path,
-                "reason": self.reason}  # fmt: skip
+        return {
+            "correct": self.correct,
+            "pred": self.pred,
+            "path": self.path,
+            "reason": self.reason,
+        }
 
 
 def _check_inputs(response: object, ground_truth: object) -> None:
@@ -207,7 +211,12 @@ def warm_up() -> None:
     math-verify builds its LaTeX parser and sympy fills caches on first use (about a second);
     `ScoringPool` workers call this before they report ready.
     """
-    for pred, truth in (("\\frac{1}{2}x", "\\frac{x}{2}"), ("2\\sqrt{2}", "\\sqrt{8}"),
-                        ("(1,2]", "(1,2]"), ("\\{1,2\\}", "\\{2,1\\}"),
-                        ("x^2-1", "(x-1)(x+1)"), ("50\\%", "0.5")):  # fmt: skip
+    for pred, truth in (
+        ("\\frac{1}{2}x", "\\frac{x}{2}"),
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("(1,2]", "(1,2]"),
+        ("\\{1,2\\}", "\\{2,1\\}"),
+        ("x^2-1", "(x-1)(x+1)"),
+        ("50\\%", "0.5"),
+    ):
         symbolic_equal(pred, truth)

@@ -81,9 +81,15 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SOURCE_ROOT, env.get("PYTHONPATH")]))
         command = [
-            sys.executable, "-m", "turnrl.rewards._worker", str(to_child_r), str(from_child_w),
-            str(config.memory_limit_mb or 0), ",".join(config.preload), ",".join(config.warmup),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "turnrl.rewards._worker",
+            str(to_child_r),
+            str(from_child_w),
+            str(config.memory_limit_mb or 0),
+            ",".join(config.preload),
+            ",".join(config.warmup),
+        ]
         try:
             self.process = subprocess.Popen(
                 command, pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL

@@ -43,8 +43,9 @@ class RetoolRewardConfig:
 
 def _check_count(name: str, value: object) -> int:
     if value is None:
-        raise ValueError(f"{name} is required for the ReTool reward (got None); pass the "
-                         "trajectory's count")  # fmt: skip
+        raise ValueError(
+            f"{name} is required for the ReTool reward (got None); pass the trajectory's count"
+        )
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
@@ -81,9 +82,12 @@ def retool_reward(
     calls = _check_count("num_tool_calls", num_tool_calls)
     rounds = max(0.0, (turns - 2) / 2) if config.rounds_from == "num_turns" else float(calls)
     breakdown: dict[str, object] = {
-        "correct": bool(correct), "tool_rounds": rounds, "num_turns": turns,
-        "num_tool_calls": calls, "tool_bonus": 0.0,
-    }  # fmt: skip
+        "correct": bool(correct),
+        "tool_rounds": rounds,
+        "num_turns": turns,
+        "num_tool_calls": calls,
+        "tool_bonus": 0.0,
+    }
     if correct:
         return Reward(config.correct_score, breakdown)
     bonus = config.bonus_per_round * rounds

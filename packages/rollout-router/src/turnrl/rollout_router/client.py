@@ -96,16 +96,23 @@ class EngineClient:
         max_connections: Connection-pool size (0 = unlimited).
     """
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 300.0,
-                 max_connections: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 300.0,
+        max_connections: int = 0,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine url must start with http:// or https://, got {url!r}")
         if connect_timeout <= 0 or read_timeout <= 0:
             raise ValueError("connect_timeout and read_timeout must be > 0")
         self.url = url.rstrip("/")
         """Base URL of the engine."""
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout,
-                                              sock_read=read_timeout)  # fmt: skip
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._flights: dict[str, _Flight] = {}
@@ -131,8 +138,9 @@ class EngineClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, method: str, path: str, body: Any = None, *,
-                    timeout: float = 60.0) -> Any:  # fmt: skip
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, timeout: float = 60.0
+    ) -> Any:
         """One JSON call; returns the decoded body (or None when empty)."""
         try:
             async with self._http().request(
@@ -162,12 +170,20 @@ class EngineClient:
 
     def in_flight_tokens(self, session_id: str | None = None) -> dict[str, int]:
         """Tokens received so far per unfinished request (of one session if given)."""
-        return {rid: f.num_tokens for rid, f in self._flights.items()
-                if session_id is None or f.session_id == session_id}  # fmt: skip
+        return {
+            rid: f.num_tokens
+            for rid, f in self._flights.items()
+            if session_id is None or f.session_id == session_id
+        }
 
-    async def generate(self, prompt_ids: list[int], sampling: Any = None,
-                       session_id: str | None = None, *,
-                       request_id: str | None = None) -> Generation:  # fmt: skip
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: Any = None,
+        session_id: str | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> Generation:
         """Generate a continuation of ``prompt_ids``.
 
         Args:
@@ -197,11 +213,16 @@ class EngineClient:
             raise ValueError(f"request id {rid!r} is already in flight on {self.url}")
         flight = _Flight(session_id)
         self._flights[rid] = flight
-        out = Generation(token_ids=[], logprobs=[], finish_reason="abort", engine=self.url,
-                         request_id=rid)  # fmt: skip
+        out = Generation(
+            token_ids=[], logprobs=[], finish_reason="abort", engine=self.url, request_id=rid
+        )
         try:
-            body = {"request_id": rid, "token_ids": list(prompt_ids),
-                    "sampling_params": sampling_to_vllm(sampling), "stream": True}  # fmt: skip
+            body = {
+                "request_id": rid,
+                "token_ids": list(prompt_ids),
+                "sampling_params": sampling_to_vllm(sampling),
+                "stream": True,
+            }
             await self._stream(body, out, flight)
             limit = getattr(sampling, "max_tokens", None)
             if (
@@ -231,8 +252,9 @@ class EngineClient:
                 if resp.status >= 400:
                     text = (await resp.text())[:500]
                     if resp.status < 500:
-                        raise EngineRequestError(f"{where} -> HTTP {resp.status}: {text}",
-                                                 resp.status)  # fmt: skip
+                        raise EngineRequestError(
+                            f"{where} -> HTTP {resp.status}: {text}", resp.status
+                        )
                     raise EngineUnavailableError(f"{where} -> HTTP {resp.status}: {text}")
                 async for raw in sse_lines(resp.content):
                     line = raw.strip()
@@ -280,13 +302,16 @@ class EngineClient:
     @staticmethod
     def _fail(out: Generation, msg: str, exc: BaseException | None) -> None:
         if out.token_ids:
-            raise PartialGenerationError(
-                f"{msg} after {len(out.token_ids)} tokens", out) from exc  # fmt: skip
+            raise PartialGenerationError(f"{msg} after {len(out.token_ids)} tokens", out) from exc
         raise EngineUnavailableError(msg) from exc
 
-    async def render_chat(self, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None = None, *,
-                          add_generation_prompt: bool = True) -> list[int]:  # fmt: skip
+    async def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
         """Token ids of ``messages`` rendered with the engine's chat template (``/tokenize``)."""
         body: dict[str, Any] = {
             "messages": messages,
@@ -326,8 +351,8 @@ class EngineClient:
         left = [r for r in request_ids if r in self._flights]
         if left:
             raise DrainTimeoutError(
-                f"{len(left)} aborted request(s) still running on {self.url} after {timeout}s",
-                left)  # fmt: skip
+                f"{len(left)} aborted request(s) still running on {self.url} after {timeout}s", left
+            )
 
     async def _abort_until_drained(self, request_ids: list[str], timeout: float) -> None:
         """Send the abort, and send it again every ``ABORT_RESEND_S`` while any is running.
@@ -410,8 +435,8 @@ class EngineClient:
         while (running := await self.engine_load()) > 0:
             if loop.time() >= deadline:
                 raise DrainTimeoutError(
-                    f"engine {self.url} still has {running} request(s) after {drain_timeout}s",
-                    [])  # fmt: skip
+                    f"engine {self.url} still has {running} request(s) after {drain_timeout}s", []
+                )
             if loop.time() - last_sent >= ABORT_RESEND_S:
                 await self._abort_everything()
                 last_sent = loop.time()
@@ -421,8 +446,9 @@ class EngineClient:
     async def engine_load(self) -> int:
         """Running + waiting requests as the engine reports them (Prometheus gauges)."""
         try:
-            async with self._http().get(self.url + "/metrics",
-                                        timeout=aiohttp.ClientTimeout(total=10)) as resp:  # fmt: skip
+            async with self._http().get(
+                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineUnavailableError(f"GET {self.url}/metrics failed: {exc!r}") from exc
@@ -450,15 +476,21 @@ class EngineClient:
     async def health(self, timeout: float = 2.0) -> bool:
         """True when ``/health`` answers 200 within ``timeout`` seconds."""
         try:
-            async with self._http().get(self.url + "/health",
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:  # fmt: skip
+            async with self._http().get(
+                self.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
 
     # ------------------------------------------------------------------ weights
-    async def reload_weights(self, weights_path: str | Path, weight_version: str | None = None,
-                             *, check_path: bool = True) -> None:  # fmt: skip
+    async def reload_weights(
+        self,
+        weights_path: str | Path,
+        weight_version: str | None = None,
+        *,
+        check_path: bool = True,
+    ) -> None:
         """Load new weights in place from a safetensors folder, then reset the prefix cache.
 
         Args:
@@ -494,8 +526,9 @@ class EngineClient:
         For the NCCL backend: ``master_address``, ``master_port``, ``rank_offset``,
         ``world_size``; the engine must run with ``--weight-transfer-config``.
         """
-        await self._call("POST", "/init_weight_transfer_engine", {"init_info": init_info},
-                         timeout=600.0)  # fmt: skip
+        await self._call(
+            "POST", "/init_weight_transfer_engine", {"init_info": init_info}, timeout=600.0
+        )
 
     async def start_weight_update(self) -> None:
         """Begin a weight-update round."""
@@ -511,8 +544,9 @@ class EngineClient:
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         """End the round (post-processing, cache reset) and record ``weight_version``."""
-        await self._call("POST", "/finish_weight_update", {"weight_version": weight_version},
-                         timeout=600.0)  # fmt: skip
+        await self._call(
+            "POST", "/finish_weight_update", {"weight_version": weight_version}, timeout=600.0
+        )
 
     async def shutdown_weight_transfer(self) -> None:
         """Leave the weight-transfer group."""

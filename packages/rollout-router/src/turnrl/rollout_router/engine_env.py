@@ -152,8 +152,12 @@ def install_commands(device: str, python: Path, overrides: Path) -> list[list[st
             cmd += ["--find-links", link]
         if not links:
             # torch==X+cpu exists only on the PyTorch CPU index; take just torch from there.
-            cmd += ["--extra-index-url", pins["torch_index"], "--index-strategy",
-                    "unsafe-best-match"]  # fmt: skip
+            cmd += [
+                "--extra-index-url",
+                pins["torch_index"],
+                "--index-strategy",
+                "unsafe-best-match",
+            ]
         return [cmd]
     vllm = f"vllm @ git+{pins['vllm_repo']}@{pins['vllm_commit']}"
     if device == "gpu":
@@ -236,8 +240,10 @@ def _create(device: str, venv: Path) -> Path:
     _log(f"creating the {device} engine environment in {venv} (first time only; minutes)")
     shutil.rmtree(venv, ignore_errors=True)
     pins = PINS[device]
-    _run([*uv_command(), "venv", "--no-project", "--python", pins["python"], str(venv)],
-         cwd=venv.parent)  # fmt: skip
+    _run(
+        [*uv_command(), "venv", "--no-project", "--python", pins["python"], str(venv)],
+        cwd=venv.parent,
+    )
     overrides = venv / "overrides.txt"
     overrides.write_text(overrides_text(pins.get("exclude", [])))
     for step, cmd in enumerate(install_commands(device, _python_in(venv), overrides), 1):
@@ -255,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: create (or find) the engine environment and print its python path."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--print-commands", action="store_true",
-                        help="print the install commands instead of running them")  # fmt: skip
+    parser.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print the install commands instead of running them",
+    )
     args = parser.parse_args(argv)
     if args.print_commands:
         venv = env_dir(args.device)

@@ -23,9 +23,18 @@ from aiohttp import web
 
 PREFIX = "generate-tokens-"
 # vLLM's RL control routes (VLLM_SERVER_DEV_MODE=1); the fake records the calls.
-RL_ROUTES = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache",
-             "/update_weight_version", "/init_weight_transfer_engine", "/start_weight_update",
-             "/update_weights", "/finish_weight_update", "/shutdown_weight_transfer_engine")  # fmt: skip
+RL_ROUTES = (
+    "/pause",
+    "/resume",
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/update_weight_version",
+    "/init_weight_transfer_engine",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/shutdown_weight_transfer_engine",
+)
 
 
 def free_port() -> int:
@@ -93,8 +102,9 @@ class FakeEngine:
         app.router.add_get("/weight_info", self._weight_info)
         app.router.add_get("/is_paused", self._is_paused)
         self.port = self.port or free_port()
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=0.1)  # fmt: skip
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=0.1
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
         return self
@@ -161,15 +171,19 @@ class FakeEngine:
         try:
             if not body.get("stream"):
                 ids = [(sum(prompt) + i) % 1000 for i in range(n)]
-                choice = {"token_ids": ids, "finish_reason": "length",
-                          "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in ids]}}  # fmt: skip
+                choice = {
+                    "token_ids": ids,
+                    "finish_reason": "length",
+                    "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in ids]},
+                }
                 return web.json_response({"request_id": rid, "choices": [choice]})
             return await self._stream(request, rid, prompt, n, flag)
         finally:
             del self.running[rid]
 
-    async def _stream(self, request: web.Request, rid: str, prompt: list[int], n: int,
-                      flag: asyncio.Event) -> web.StreamResponse:  # fmt: skip
+    async def _stream(
+        self, request: web.Request, rid: str, prompt: list[int], n: int, flag: asyncio.Event
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
@@ -196,8 +210,11 @@ class FakeEngine:
         self.requests.append(body)
         if self.fail_status is not None:
             return web.json_response({"error": "injected failure"}, status=self.fail_status)
-        answer = {"id": "cmpl-" + request.headers.get("X-Request-Id", "x"), "model": self.name,
-                  "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}  # fmt: skip
+        answer = {
+            "id": "cmpl-" + request.headers.get("X-Request-Id", "x"),
+            "model": self.name,
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+        }
         if not body.get("stream"):
             return web.json_response(answer)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -125,8 +125,9 @@ class HttpRouter:
             del self._proxied[rid]
             entry.done.set()
 
-    async def _forward(self, request: web.Request, url: str, body: bytes,
-                       headers: dict[str, str]) -> web.StreamResponse:  # fmt: skip
+    async def _forward(
+        self, request: web.Request, url: str, body: bytes, headers: dict[str, str]
+    ) -> web.StreamResponse:
         assert self._http is not None
         started: web.StreamResponse | None = None
         try:
@@ -134,8 +135,9 @@ class HttpRouter:
                 if upstream.status >= 500:
                     text = await upstream.text()
                     raise EngineUnavailableError(f"{url} -> HTTP {upstream.status}: {text[:300]}")
-                out_headers = {k: v for k, v in upstream.headers.items()
-                               if k.lower() not in _HOP_HEADERS}  # fmt: skip
+                out_headers = {
+                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
+                }
                 if "text/event-stream" not in upstream.headers.get("Content-Type", ""):
                     data = await upstream.read()
                     return web.Response(status=upstream.status, body=data, headers=out_headers)
@@ -161,8 +163,9 @@ class HttpRouter:
         session_id = payload.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             return web.json_response({"error": "session_id must be a string"}, status=400)
-        targets = [p for p in self._proxied.values()
-                   if session_id is None or p.session_id == session_id]  # fmt: skip
+        targets = [
+            p for p in self._proxied.values() if session_id is None or p.session_id == session_id
+        ]
         try:
             aborted, sends = await self.abort(targets, everything=session_id is None)
         except TimeoutError as exc:
@@ -244,8 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnrl-router", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the HTTP router")
-    serve.add_argument("--engine", action="append", required=True, metavar="URL",
-                       help="engine base URL (repeat for several)")  # fmt: skip
+    serve.add_argument(
+        "--engine",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="engine base URL (repeat for several)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--max-concurrency-per-engine", type=int, default=8)
@@ -260,8 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     for url in args.engine:
         if not url.startswith(("http://", "https://")):
             raise SystemExit(f"turnrl-router: --engine must be an http(s) URL, got {url!r}")
-    config = RouterConfig(max_concurrency_per_engine=args.max_concurrency_per_engine,
-                          health_interval=args.health_interval)  # fmt: skip
+    config = RouterConfig(
+        max_concurrency_per_engine=args.max_concurrency_per_engine,
+        health_interval=args.health_interval,
+    )
     http = HttpRouter(Router(args.engine, config), drain_timeout=args.drain_timeout)
     web.run_app(http.app(), host=args.host, port=args.port, access_log=None)
 

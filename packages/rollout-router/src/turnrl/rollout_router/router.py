@@ -71,8 +71,12 @@ class RouterConfig:
     """Seconds to wait for a free slot when all engines are at their cap (None: forever)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency_per_engine", "sticky_max_sessions", "failure_threshold",
-                     "max_attempts"):  # fmt: skip
+        for name in (
+            "max_concurrency_per_engine",
+            "sticky_max_sessions",
+            "failure_threshold",
+            "max_attempts",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("sticky_ttl", "open_cooldown", "max_open_cooldown", "health_timeout"):
@@ -132,8 +136,12 @@ class Router:
             gen = await router.generate(prompt_ids, SamplingParams(max_tokens=64), "episode-7")
     """
 
-    def __init__(self, engines: list[str] | None = None, config: RouterConfig | None = None,
-                 client_factory: Callable[[str], EngineClient] = EngineClient) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engines: list[str] | None = None,
+        config: RouterConfig | None = None,
+        client_factory: Callable[[str], EngineClient] = EngineClient,
+    ) -> None:
         self.config = config or RouterConfig()
         """Routing settings."""
         self._client_factory = client_factory
@@ -156,8 +164,9 @@ class Router:
         self._notify()
         return state
 
-    async def remove_engine(self, url: str, *, abort: bool = False,
-                            drain_timeout: float = 10.0) -> None:  # fmt: skip
+    async def remove_engine(
+        self, url: str, *, abort: bool = False, drain_timeout: float = 10.0
+    ) -> None:
         """Take an engine out: no new requests; its in-flight ones finish (or are aborted).
 
         Raises:
@@ -249,17 +258,24 @@ class Router:
             if e.url in exclude or e.in_flight >= cap or not self._usable(e, now):
                 continue
             if best is None or (e.in_flight, e.dispatched_total) < (
-                best.in_flight, best.dispatched_total):  # fmt: skip
+                best.in_flight,
+                best.dispatched_total,
+            ):
                 best = e
         return best
 
     def _last_resort(self, exclude: set[str]) -> EngineState | None:
         """Every engine is open: half-open the one whose cooldown ends first."""
-        shut = [e for e in self._engines.values()
-                if not e.removed and e.url not in exclude and e.circuit != CLOSED
-                and not e.probing]  # fmt: skip
-        closed = [e for e in self._engines.values()
-                  if not e.removed and e.url not in exclude and e.circuit == CLOSED]  # fmt: skip
+        shut = [
+            e
+            for e in self._engines.values()
+            if not e.removed and e.url not in exclude and e.circuit != CLOSED and not e.probing
+        ]
+        closed = [
+            e
+            for e in self._engines.values()
+            if not e.removed and e.url not in exclude and e.circuit == CLOSED
+        ]
         if not shut or closed:
             return None
         e = min(shut, key=lambda s: s.opened_at + s.cooldown)
@@ -300,8 +316,10 @@ class Router:
     def _no_engine_message(self, tried: set[str]) -> str:
         if not self._engines:
             return "the router has no engines"
-        parts = [f"{e.url} ({e.circuit}{', removed' if e.removed else ''}: {e.last_error or '-'})"
-                 for e in self._engines.values()]  # fmt: skip
+        parts = [
+            f"{e.url} ({e.circuit}{', removed' if e.removed else ''}: {e.last_error or '-'})"
+            for e in self._engines.values()
+        ]
         return f"no engine can take the request (tried {len(tried)}): " + "; ".join(parts)
 
     def _release(self, e: EngineState) -> None:
@@ -319,8 +337,7 @@ class Router:
         self._waiters.clear()
 
     # ------------------------------------------------------------ requests
-    async def call(self, session_id: str | None,
-                   fn: Callable[[EngineState], Awaitable[T]]) -> T:  # fmt: skip
+    async def call(self, session_id: str | None, fn: Callable[[EngineState], Awaitable[T]]) -> T:
         """Run ``fn`` on a chosen engine, retrying on another while nothing was produced.
 
         ``fn`` signals a retryable failure with :class:`EngineUnavailableError`; any
@@ -362,8 +379,9 @@ class Router:
             f"request failed on {len(tried)} engine(s) before any token: {last}"
         ) from last
 
-    async def generate(self, prompt_ids: list[int], sampling: Any = None,
-                       session_id: str | None = None) -> Generation:  # fmt: skip
+    async def generate(
+        self, prompt_ids: list[int], sampling: Any = None, session_id: str | None = None
+    ) -> Generation:
         """Generate on the chosen engine (see the module docstring for the choice)."""
 
         async def run(e: EngineState) -> Generation:
@@ -399,8 +417,7 @@ class Router:
         now = time.monotonic()
         states = [e for e in self._engines.values() if not e.removed]
         due = [e for e in states if e.circuit == CLOSED or (self._usable(e, now) and not e.probing)]
-        results = await asyncio.gather(
-            *(e.client.health(self.config.health_timeout) for e in due))  # fmt: skip
+        results = await asyncio.gather(*(e.client.health(self.config.health_timeout) for e in due))
         for e, ok in zip(due, results, strict=True):
             if ok:
                 self._success(e)
@@ -444,21 +461,28 @@ class Router:
         for e in self._engines.values():
             lat = sorted(e.recent_latencies)
             out[e.url] = {
-                "circuit": e.circuit, "removed": e.removed, "in_flight": e.in_flight,
-                "requests_total": e.requests_total, "errors_total": e.errors_total,
+                "circuit": e.circuit,
+                "removed": e.removed,
+                "in_flight": e.in_flight,
+                "requests_total": e.requests_total,
+                "errors_total": e.errors_total,
                 "tokens_total": e.tokens_total,
                 "latency_mean_s": e.latency_sum / e.requests_total if e.requests_total else 0.0,
                 "latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
                 "latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0,
                 "last_error": e.last_error,
-            }  # fmt: skip
+            }
         return out
 
     def prometheus(self) -> str:
         """The metrics in Prometheus text format."""
         lines: list[str] = []
-        gauges = [("in_flight", "gauge"), ("requests_total", "counter"),
-                  ("errors_total", "counter"), ("tokens_total", "counter")]  # fmt: skip
+        gauges = [
+            ("in_flight", "gauge"),
+            ("requests_total", "counter"),
+            ("errors_total", "counter"),
+            ("tokens_total", "counter"),
+        ]
         metrics = self.metrics()
         for name, kind in gauges:
             lines.append(f"# TYPE turnrl_router_engine_{name} {kind}")
@@ -470,6 +494,8 @@ class Router:
         lines.append("# TYPE turnrl_router_engine_latency_seconds summary")
         for url, m in metrics.items():
             for q, key in (("0.5", "latency_p50_s"), ("0.99", "latency_p99_s")):
-                lines.append(f'turnrl_router_engine_latency_seconds{{engine="{url}",quantile="{q}"}} '
-                             f"{m[key]}")  # fmt: skip
+                lines.append(
+                    f'turnrl_router_engine_latency_seconds{{engine="{url}",quantile="{q}"}} '
+                    f"{m[key]}"
+                )
         return "\n".join(lines) + "\n"

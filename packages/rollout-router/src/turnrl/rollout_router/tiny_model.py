@@ -102,8 +102,9 @@ class TinyModelConfig:
     """Dtype the weights are saved in."""
 
 
-def build_tiny_model(out_dir: Path, python: Path | str, config: TinyModelConfig | None = None,
-                     timeout: float = 300.0) -> Path:  # fmt: skip
+def build_tiny_model(
+    out_dir: Path, python: Path | str, config: TinyModelConfig | None = None, timeout: float = 300.0
+) -> Path:
     """Write a tiny Qwen3 model + tokenizer to ``out_dir`` using ``python`` (engine env).
 
     Args:

@@ -201,8 +201,9 @@ class RetoolEnv:
             "done_reason": reason,
             "final_answer": last_boxed(content) if reason == "answered" else None,
         }
-        return StepResult(observations=[] if reason == "answered" else observations,
-                          done=self.done, info=info)  # fmt: skip
+        return StepResult(
+            observations=[] if reason == "answered" else observations, done=self.done, info=info
+        )
 
     async def _run(self, call: ToolCall) -> tuple[str, bool]:
         """One call's tool message and whether it was a valid call whose code ran."""
@@ -210,9 +211,11 @@ class RetoolEnv:
         if problems:
             return f"Error: {'; '.join(problems)}", False
         result = await self.client.arun_code(
-            call.arguments["code"], self.config.language, run_timeout=self.config.run_timeout,
+            call.arguments["code"],
+            self.config.language,
+            run_timeout=self.config.run_timeout,
             memory_limit_mb=self.config.memory_limit_mb,
-        )  # fmt: skip
+        )
         self.sandbox_statuses[result.status] = self.sandbox_statuses.get(result.status, 0) + 1
         if not result.ran:
             raise SandboxUnavailableError(

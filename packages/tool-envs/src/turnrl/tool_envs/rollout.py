@@ -178,9 +178,13 @@ async def run_episode(
 
 
 async def _loop(
-    engine: TokenEngine, env: Environment, chat: ChatTokenizer, task: Any,
-    episode: _Episode, session: str,
-) -> tuple[Status, str]:  # fmt: skip
+    engine: TokenEngine,
+    env: Environment,
+    chat: ChatTokenizer,
+    task: Any,
+    episode: _Episode,
+    session: str,
+) -> tuple[Status, str]:
     config = episode.config
     t0 = time.perf_counter()
     first = await env.reset(task)
@@ -233,16 +237,20 @@ class EpisodeRequest:
     """Index within the group."""
 
 
-def group_requests(tasks: Sequence[Any], samples_per_task: int,
-                   group_ids: Sequence[str] | None = None) -> list[EpisodeRequest]:  # fmt: skip
+def group_requests(
+    tasks: Sequence[Any], samples_per_task: int, group_ids: Sequence[str] | None = None
+) -> list[EpisodeRequest]:
     """``samples_per_task`` requests per task, grouped (``--n-samples-per-prompt``)."""
     if samples_per_task < 1:
         raise ValueError(f"samples_per_task must be >= 1, got {samples_per_task}")
     if group_ids is not None and len(group_ids) != len(tasks):
         raise ValueError(f"{len(group_ids)} group ids for {len(tasks)} tasks")
     ids = list(group_ids) if group_ids is not None else [f"group-{i}" for i in range(len(tasks))]
-    return [EpisodeRequest(task, gid, k) for task, gid in zip(tasks, ids, strict=True)
-            for k in range(samples_per_task)]  # fmt: skip
+    return [
+        EpisodeRequest(task, gid, k)
+        for task, gid in zip(tasks, ids, strict=True)
+        for k in range(samples_per_task)
+    ]
 
 
 async def run_episodes(
@@ -264,12 +272,27 @@ async def run_episodes(
             try:
                 env = env_factory()
             except Exception as exc:
-                return Trajectory([], [], [], [], status="failed", group_id=request.group_id,
-                                  sample_index=request.sample_index,
-                                  metadata={"end_reason": "exception",
-                                            "error": f"env_factory: {type(exc).__name__}: {exc}"})  # fmt: skip
-            return await run_episode(engine, env, chat, request.task, config,
-                                     group_id=request.group_id,
-                                     sample_index=request.sample_index)  # fmt: skip
+                return Trajectory(
+                    [],
+                    [],
+                    [],
+                    [],
+                    status="failed",
+                    group_id=request.group_id,
+                    sample_index=request.sample_index,
+                    metadata={
+                        "end_reason": "exception",
+                        "error": f"env_factory: {type(exc).__name__}: {exc}",
+                    },
+                )
+            return await run_episode(
+                engine,
+                env,
+                chat,
+                request.task,
+                config,
+                group_id=request.group_id,
+                sample_index=request.sample_index,
+            )
 
     return list(await asyncio.gather(*(one(r) for r in requests)))

@@ -137,8 +137,9 @@ class ToolEnvironment:
         if self.user is None:
             return StepResult([], done=True, info=self._info(0))
         reply = await self.user.respond(visible_text(str(assistant.get("content") or "")))
-        return StepResult([{"role": "user", "content": reply}], done=STOP_TOKEN in reply,
-                          info=self._info(0))  # fmt: skip
+        return StepResult(
+            [{"role": "user", "content": reply}], done=STOP_TOKEN in reply, info=self._info(0)
+        )
 
     async def _run_tools(
         self, calls: list[ToolCall], errors: list[str], rejected: int
@@ -150,16 +151,24 @@ class ToolEnvironment:
             result = await self.toolset.call(call)
             rejected += not result.well_formed
             self.num_tool_errors += not result.ok
-            observations.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                 "content": result.content})  # fmt: skip
+            observations.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "name": call.name,
+                    "content": result.content,
+                }
+            )
         observations += [{"role": "tool", "content": f"Error: {e}"} for e in errors]
         self.num_tool_calls += len(calls) + len(errors)
         return StepResult(observations, done=False, info=self._info(rejected))
 
     def _info(self, rejected: int) -> dict[str, Any]:
-        info: dict[str, Any] = {"num_invalid_tool_calls": rejected,
-                                "num_tool_calls": self.num_tool_calls,
-                                "num_tool_errors": self.num_tool_errors}  # fmt: skip
+        info: dict[str, Any] = {
+            "num_invalid_tool_calls": rejected,
+            "num_tool_calls": self.num_tool_calls,
+            "num_tool_errors": self.num_tool_errors,
+        }
         usage = getattr(self.user, "usage", None)  # LiteLLMUser: tokens and cost so far
         if dataclasses.is_dataclass(usage) and not isinstance(usage, type):
             info["user_usage"] = dataclasses.asdict(usage)

@@ -194,8 +194,11 @@ class TrajectoryBuilder:
         self.num_turns = 0
         self.num_appended_end_of_turn = 0
         self.num_truncated_tool_outputs = 0
-        self._prefix: dict[str, Any] = {"checked_turns": 0, "mismatched_turns": 0,
-                                        "first_mismatch_index": None}  # fmt: skip
+        self._prefix: dict[str, Any] = {
+            "checked_turns": 0,
+            "mismatched_turns": 0,
+            "first_mismatch_index": None,
+        }
         self._turn_open = False
         self._stable: tuple[str, int] = ("", 0)  # verified (text, ids) prefix of the last check
 
@@ -303,8 +306,11 @@ class TrajectoryBuilder:
             return None
         self._prefix["mismatched_turns"] += 1
         if self._prefix["first_mismatch_index"] is None:
-            self._prefix.update(first_mismatch_index=index, first_mismatch_turn=self.num_turns,
-                                cause=self._mismatch_cause(ids, fresh, index))  # fmt: skip
+            self._prefix.update(
+                first_mismatch_index=index,
+                first_mismatch_turn=self.num_turns,
+                cause=self._mismatch_cause(ids, fresh, index),
+            )
         if self.limits.strict_prefix:
             raise PrefixMismatchError(
                 f"turn {self.num_turns}: accumulated ids differ from a fresh render at token "
@@ -356,9 +362,12 @@ class TrajectoryBuilder:
             **fields: Other :class:`Trajectory` fields (counts, timings, group id, metadata).
         """
         metadata = dict(fields.pop("metadata", {}))
-        metadata.update(end_reason=end_reason, prefix_check=dict(self._prefix),
-                        appended_end_of_turn=self.num_appended_end_of_turn,
-                        truncated_tool_outputs=self.num_truncated_tool_outputs)  # fmt: skip
+        metadata.update(
+            end_reason=end_reason,
+            prefix_check=dict(self._prefix),
+            appended_end_of_turn=self.num_appended_end_of_turn,
+            truncated_tool_outputs=self.num_truncated_tool_outputs,
+        )
         return Trajectory(
             prompt_ids=list(self.prompt_ids),
             response_ids=list(self.response_ids),

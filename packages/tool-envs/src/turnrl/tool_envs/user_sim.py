@@ -186,8 +186,10 @@ class LiteLLMUser:
     async def reset(self, instruction: str) -> str:
         """Start a conversation for ``instruction``; return the user's first message."""
         system = self.config.system_prompt.format(instruction=instruction, stop=STOP_TOKEN)
-        self.messages = [{"role": "system", "content": system},
-                         {"role": "user", "content": AGENT_GREETING}]  # fmt: skip
+        self.messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": AGENT_GREETING},
+        ]
         self.usage = UserUsage()
         return await self._reply()
 
@@ -212,12 +214,17 @@ class LiteLLMUser:
                 await asyncio.sleep(delay * (1 + 0.25 * random.random()))
             try:
                 response = await self._litellm.acompletion(
-                    model=cfg.model, messages=list(self.messages), api_base=cfg.api_base,
-                    api_key=cfg.api_key or "not-needed", temperature=cfg.temperature,
-                    max_tokens=cfg.max_tokens, timeout=cfg.timeout_s,
-                    num_retries=0, max_retries=0,  # retries are ours, counted and backed off
+                    model=cfg.model,
+                    messages=list(self.messages),
+                    api_base=cfg.api_base,
+                    api_key=cfg.api_key or "not-needed",
+                    temperature=cfg.temperature,
+                    max_tokens=cfg.max_tokens,
+                    timeout=cfg.timeout_s,
+                    num_retries=0,
+                    max_retries=0,  # retries are ours, counted and backed off
                     **cfg.extra,
-                )  # fmt: skip
+                )
                 content = response.choices[0].message.content
                 if not isinstance(content, str) or not content.strip():
                     raise UserSimulatorError("the user model returned an empty message")

@@ -109,15 +109,27 @@ def actor_loss(
 
     def agg(mat: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(
-            mat, mask, config.loss_agg_mode, global_num_tokens=global_num_tokens,
-            global_num_seqs=global_num_seqs, dp_size=dp_size, norm_length=config.norm_length,
-        )  # fmt: skip
+            mat,
+            mask,
+            config.loss_agg_mode,
+            global_num_tokens=global_num_tokens,
+            global_num_seqs=global_num_seqs,
+            dp_size=dp_size,
+            norm_length=config.norm_length,
+        )
 
     pg = policy_loss(
-        logp, old_logp, advantages, mask, variant=config.policy_loss, eps_clip=config.eps_clip,
-        eps_clip_high=config.eps_clip_high, dual_clip_c=config.dual_clip_c,
-        rollout_logp=rollout_logp, tis_cap=config.tis_cap,
-    )  # fmt: skip
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        variant=config.policy_loss,
+        eps_clip=config.eps_clip,
+        eps_clip_high=config.eps_clip_high,
+        dual_clip_c=config.dual_clip_c,
+        rollout_logp=rollout_logp,
+        tis_cap=config.tis_cap,
+    )
     loss = agg(pg.loss_mat)
     metrics = dict(pg.metrics)
     metrics["pg_loss"] = loss.detach()

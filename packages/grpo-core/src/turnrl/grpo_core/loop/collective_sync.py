@@ -148,13 +148,15 @@ def _nccl_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
 
 
 def _hccl_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
-    return HcclTransferGroup(world, cfg.master_address, cfg.master_port, cfg.init_timeout_s,
-                             cfg.device)  # fmt: skip
+    return HcclTransferGroup(
+        world, cfg.master_address, cfg.master_port, cfg.init_timeout_s, cfg.device
+    )
 
 
 def _gloo_group(cfg: CollectiveSyncConfig, world: int) -> TransferGroup:
-    return TorchTransferGroup("gloo", world, cfg.master_address, cfg.master_port,
-                              cfg.init_timeout_s, cfg.device or "cpu")  # fmt: skip
+    return TorchTransferGroup(
+        "gloo", world, cfg.master_address, cfg.master_port, cfg.init_timeout_s, cfg.device or "cpu"
+    )
 
 
 BACKENDS: dict[str, Backend] = {
@@ -233,8 +235,9 @@ def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
     return future
 
 
-async def _with_collective(calls: Sequence[Awaitable[Any]], collective: Callable[[], None],
-                           what: str) -> None:  # fmt: skip
+async def _with_collective(
+    calls: Sequence[Awaitable[Any]], collective: Callable[[], None], what: str
+) -> None:
     """Await HTTP ``calls`` and the blocking ``collective`` together; fail on the first error."""
     tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in calls]
     tasks.append(_in_daemon_thread(collective))
@@ -266,8 +269,10 @@ class CollectiveWeightSync:
 
     def _connect(self) -> None:
         """Fresh HTTP clients for this event loop (each sync may run in a new one)."""
-        self._clients = [EngineClient(u, read_timeout=self.config.request_timeout_s)
-                         for u in self.config.engine_urls]  # fmt: skip
+        self._clients = [
+            EngineClient(u, read_timeout=self.config.request_timeout_s)
+            for u in self.config.engine_urls
+        ]
 
     async def _disconnect(self) -> None:
         for client in self._clients:
@@ -341,10 +346,19 @@ class CollectiveWeightSync:
         for workers in self.config.engine_workers():
             offsets.append(offset)
             offset += workers
-        inits = [self._init_engine(client, {**base, "rank_offset": off, "packed": True,
-                                            "packed_buffer_size_bytes": self.config.bucket_bytes,
-                                            "packed_num_buffers": packed_num_buffers})
-                 for client, off in zip(self._clients, offsets, strict=True)]  # fmt: skip
+        inits = [
+            self._init_engine(
+                client,
+                {
+                    **base,
+                    "rank_offset": off,
+                    "packed": True,
+                    "packed_buffer_size_bytes": self.config.bucket_bytes,
+                    "packed_num_buffers": packed_num_buffers,
+                },
+            )
+            for client, off in zip(self._clients, offsets, strict=True)
+        ]
         try:
             await _with_collective(inits, group.join, "init_weight_transfer_engine")
         except WeightSyncError:
@@ -391,8 +405,13 @@ class CollectiveWeightSync:
             await self._disconnect()
         self.versions.append(version)
         total = time.perf_counter() - start
-        return {"total_s": total, "transfer_s": wire, "bytes": float(sent),
-                "buckets": float(buckets), "gb_per_s": sent / max(wire, 1e-9) / 1e9}  # fmt: skip
+        return {
+            "total_s": total,
+            "transfer_s": wire,
+            "bytes": float(sent),
+            "buckets": float(buckets),
+            "gb_per_s": sent / max(wire, 1e-9) / 1e9,
+        }
 
     async def _update(
         self, weights: Iterator[tuple[str, torch.Tensor]], tag: str
@@ -437,9 +456,11 @@ class CollectiveWeightSync:
         """POST one bucket's metadata to all engines while broadcasting its bytes."""
         assert self.group is not None, "setup() runs before the first bucket"
         group = self.group
-        info = {"names": [n for n, _ in bucket],
-                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket]}  # fmt: skip
+        info = {
+            "names": [n for n, _ in bucket],
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket],
+        }
         packed = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in bucket])
         packed = group.stage(packed)
         start = time.perf_counter()

@@ -370,10 +370,12 @@ class RolloutManager:
         run.leftover_groups = len(run.pending())
         sessions = sorted(run.live)
         results = await asyncio.gather(
-            *(self.router.abort(session_id=s, drain_timeout=self.config.drain_timeout)
-              for s in sessions),
+            *(
+                self.router.abort(session_id=s, drain_timeout=self.config.drain_timeout)
+                for s in sessions
+            ),
             return_exceptions=True,
-        )  # fmt: skip
+        )
         for session, result in zip(sessions, results, strict=True):
             if isinstance(result, DrainTimeoutError):
                 run.undrained += len(result.pending)

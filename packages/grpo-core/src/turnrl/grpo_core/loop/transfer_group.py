@@ -87,9 +87,15 @@ class TorchTransferGroup:
         device: Device of the broadcast tensors (``cpu`` for gloo).
     """
 
-    def __init__(self, backend: str, world_size: int, master_address: str = "127.0.0.1",
-                 master_port: int = 0, timeout_s: float = 300.0,
-                 device: str | torch.device = "cpu") -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: str,
+        world_size: int,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        timeout_s: float = 300.0,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"TorchTransferGroup backend must be gloo or nccl, got {backend!r}")
         if world_size < 2:
@@ -100,8 +106,14 @@ class TorchTransferGroup:
         self.world_size = world_size
         self.device = torch.device(device)
         self._timeout = datetime.timedelta(seconds=timeout_s)
-        self._store: dist.TCPStore | None = dist.TCPStore(master_address, master_port, world_size, is_master=True,
-                                    timeout=self._timeout, wait_for_workers=False)  # fmt: skip
+        self._store: dist.TCPStore | None = dist.TCPStore(
+            master_address,
+            master_port,
+            world_size,
+            is_master=True,
+            timeout=self._timeout,
+            wait_for_workers=False,
+        )
         self.master_address = master_address
         self.master_port = int(self._store.port)
         """The store's port (the one picked when ``master_port`` was 0)."""
@@ -109,8 +121,11 @@ class TorchTransferGroup:
 
     def init_info(self) -> dict[str, Any]:
         """``master_address``, ``master_port``, ``world_size``."""
-        return {"master_address": self.master_address, "master_port": self.master_port,
-                "world_size": self.world_size}  # fmt: skip
+        return {
+            "master_address": self.master_address,
+            "master_port": self.master_port,
+            "world_size": self.world_size,
+        }
 
     def join(self) -> None:
         """Create the backend as rank 0 (returns once every worker has connected)."""
@@ -161,12 +176,24 @@ def load_nccl(path: str | None = None) -> ctypes.CDLL:
         ) from exc
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclCommInitRank.argtypes = [ctypes.c_void_p, ctypes.c_int, _NcclUniqueId, ctypes.c_int]
-    lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_void_p]  # fmt: skip
-    lib.ncclBroadcast.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_void_p]  # fmt: skip
+    lib.ncclAllReduce.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    lib.ncclBroadcast.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
     return lib
 
@@ -183,8 +210,9 @@ class NcclUniqueIdTransferGroup:
         library: Path of ``libnccl.so.2`` (default: see :func:`load_nccl`).
     """
 
-    def __init__(self, world_size: int, device: str | torch.device,
-                 library: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, world_size: int, device: str | torch.device, library: str | None = None
+    ) -> None:
         if world_size < 2:
             raise ValueError(
                 f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
@@ -213,12 +241,23 @@ class NcclUniqueIdTransferGroup:
     def join(self) -> None:
         """``ncclCommInitRank`` as rank 0, then vLLM's one-element warm-up ``all_reduce``."""
         torch.accelerator.set_device_index(self.device.index or 0)
-        self._check(self._nccl.ncclCommInitRank(ctypes.byref(self._comm), self.world_size,
-                                                self._uid, 0), "ncclCommInitRank")  # fmt: skip
+        self._check(
+            self._nccl.ncclCommInitRank(ctypes.byref(self._comm), self.world_size, self._uid, 0),
+            "ncclCommInitRank",
+        )
         warm = torch.zeros(1, dtype=torch.float32, device=self.device)
-        self._check(self._nccl.ncclAllReduce(ctypes.c_void_p(warm.data_ptr()),
-                                             ctypes.c_void_p(warm.data_ptr()), 1, _NCCL_FLOAT32,
-                                             _NCCL_SUM, self._comm, None), "ncclAllReduce")  # fmt: skip
+        self._check(
+            self._nccl.ncclAllReduce(
+                ctypes.c_void_p(warm.data_ptr()),
+                ctypes.c_void_p(warm.data_ptr()),
+                1,
+                _NCCL_FLOAT32,
+                _NCCL_SUM,
+                self._comm,
+                None,
+            ),
+            "ncclAllReduce",
+        )
         torch.accelerator.synchronize(self.device)
 
     def stage(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -234,8 +273,10 @@ class NcclUniqueIdTransferGroup:
         data = tensor.view(torch.uint8) if tensor.dtype != torch.uint8 else tensor
         torch.accelerator.synchronize(self.device)
         ptr = ctypes.c_void_p(data.data_ptr())
-        self._check(self._nccl.ncclBroadcast(ptr, ptr, data.numel(), _NCCL_UINT8, 0,
-                                             self._comm, None), "ncclBroadcast")  # fmt: skip
+        self._check(
+            self._nccl.ncclBroadcast(ptr, ptr, data.numel(), _NCCL_UINT8, 0, self._comm, None),
+            "ncclBroadcast",
+        )
         torch.accelerator.synchronize(self.device)
 
     def close(self) -> None:
@@ -278,8 +319,14 @@ class HcclTransferGroup:
         device: This trainer rank's NPU (``npu:<i>``); None: the current NPU.
     """
 
-    def __init__(self, world_size: int, master_address: str = "127.0.0.1", master_port: int = 0,
-                 timeout_s: float = 300.0, device: str | torch.device | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        world_size: int,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        timeout_s: float = 300.0,
+        device: str | torch.device | None = None,
+    ) -> None:
         if world_size < 2:
             raise ValueError(
                 f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
@@ -292,8 +339,10 @@ class HcclTransferGroup:
                 f"CANN): cannot import torch_npu ({exc})"
             ) from exc
         stateless = _import("vllm.distributed.utils", "vLLM in the trainer's environment")
-        pyhccl = _import("vllm_ascend.distributed.device_communicators.pyhccl",
-                         "vllm-ascend in the trainer's environment")  # fmt: skip
+        pyhccl = _import(
+            "vllm_ascend.distributed.device_communicators.pyhccl",
+            "vllm-ascend in the trainer's environment",
+        )
         self._group_cls: Any = stateless.StatelessProcessGroup
         self._comm_cls: Any = pyhccl.PyHcclCommunicator
         self.device = torch.device("npu" if device is None else device)
@@ -310,8 +359,11 @@ class HcclTransferGroup:
 
     def init_info(self) -> dict[str, Any]:
         """``master_address``, ``master_port``, ``world_size`` (vllm-ascend's TCP rendezvous)."""
-        return {"master_address": self.master_address, "master_port": self.master_port,
-                "world_size": self.world_size}  # fmt: skip
+        return {
+            "master_address": self.master_address,
+            "master_port": self.master_port,
+            "world_size": self.world_size,
+        }
 
     def join(self) -> None:
         """Host the store as rank 0 and create the HCCL communicator with every worker.
@@ -322,8 +374,12 @@ class HcclTransferGroup:
         """
         self._npu.set_device(self.device)
         create = self._group_cls.create
-        kwargs: dict[str, Any] = {"host": self.master_address, "port": self.master_port,
-                                  "rank": 0, "world_size": self.world_size}  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "host": self.master_address,
+            "port": self.master_port,
+            "rank": 0,
+            "world_size": self.world_size,
+        }
         if "store_timeout" in inspect.signature(create).parameters:
             kwargs["store_timeout"] = int(self._timeout_s)
         comm = self._comm_cls(create(**kwargs), device=self.device)

@@ -178,8 +178,10 @@ class MegatronParallelConfig:
 
     def _check_recompute(self) -> None:
         granularity, method, num = (
-            self.recompute_granularity, self.recompute_method, self.recompute_num_layers,
-        )  # fmt: skip
+            self.recompute_granularity,
+            self.recompute_method,
+            self.recompute_num_layers,
+        )
         if granularity not in (None, "full", "selective"):
             raise ValueError(
                 f"recompute_granularity must be full or selective, got {granularity!r}"

@@ -28,8 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--workers", type=int, default=1, help="fork-server processes")
     serve.add_argument("--slots", type=int, default=64, help="concurrent runs per fork server")
-    serve.add_argument("--python-mode", choices=["fork", "exec"], default="fork",
-                       help="fork: run in a warm interpreter (fast); exec: fresh interpreter per run")  # fmt: skip
+    serve.add_argument(
+        "--python-mode",
+        choices=["fork", "exec"],
+        default="fork",
+        help="fork: run in a warm interpreter (fast); exec: fresh interpreter per run",
+    )
     serve.add_argument("--max-processes", type=int, default=SandboxLimits.max_processes)
     serve.add_argument("--max-output-bytes", type=int, default=SandboxLimits.max_output_bytes)
     serve.add_argument(
@@ -62,8 +66,16 @@ def main(argv: list[str] | None = None) -> None:
         max_processes=args.max_processes, max_output_bytes=args.max_output_bytes, base_uid=base_uid
     )
     try:
-        serve(args.host, args.port, token=args.token, workers=args.workers, slots=args.slots,
-              python_mode=args.python_mode, config=config, insecure=args.insecure)  # fmt: skip
+        serve(
+            args.host,
+            args.port,
+            token=args.token,
+            workers=args.workers,
+            slots=args.slots,
+            python_mode=args.python_mode,
+            config=config,
+            insecure=args.insecure,
+        )
     except (ValueError, ContainmentError) as exc:
         sys.exit(f"turnrl-sandbox: {exc}")
 

@@ -108,17 +108,29 @@ class SandboxClient:
                 session.headers["Authorization"] = f"Bearer {self.config.token}"
         return session
 
-    def run_code(self, code: str, language: str = "python", *, run_timeout: float | None = None,
-                 memory_limit_mb: int | None = None, stdin: str | None = None,
-                 files: dict[str, bytes] | None = None, fetch_files: list[str] | None = None) -> RunResult:  # fmt: skip
+    def run_code(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        run_timeout: float | None = None,
+        memory_limit_mb: int | None = None,
+        stdin: str | None = None,
+        files: dict[str, bytes] | None = None,
+        fetch_files: list[str] | None = None,
+    ) -> RunResult:
         """Run ``code`` and wait for the result (blocking)."""
         timeout = run_timeout if run_timeout is not None else self.config.run_timeout
         payload = {
-            "code": code, "language": language, "run_timeout": timeout, "compile_timeout": timeout,
-            "memory_limit_MB": memory_limit_mb or self.config.memory_limit_mb, "stdin": stdin,
+            "code": code,
+            "language": language,
+            "run_timeout": timeout,
+            "compile_timeout": timeout,
+            "memory_limit_MB": memory_limit_mb or self.config.memory_limit_mb,
+            "stdin": stdin,
             "files": {k: base64.b64encode(v).decode() for k, v in (files or {}).items()},
             "fetch_files": fetch_files or [],
-        }  # fmt: skip
+        }
         http_timeout = (self.config.connect_timeout, timeout + self.config.request_timeout_margin)
         attempt, delay = 0, self.config.backoff
         while True:
@@ -144,8 +156,9 @@ class SandboxClient:
     def ping(self) -> bool:
         """True when the server answers ``GET /v1/ping``."""
         try:
-            answer = self._session().get(f"{self.config.url.rstrip('/')}/v1/ping",
-                                         timeout=self.config.connect_timeout)  # fmt: skip
+            answer = self._session().get(
+                f"{self.config.url.rstrip('/')}/v1/ping", timeout=self.config.connect_timeout
+            )
         except requests.RequestException:
             return False
         return answer.ok
@@ -203,6 +216,13 @@ def parse_response(body: dict[str, Any]) -> RunResult:
         message = message or "the sandbox could not run the code (run status Error)"
     else:
         kind = "success" if status == "Success" else "failed"
-    return RunResult(kind, stdout=run.get("stdout") or "", stderr=run.get("stderr") or "",
-                     return_code=run.get("return_code"), execution_time=run.get("execution_time"),
-                     truncated=truncated, message=message, files=files)  # fmt: skip
+    return RunResult(
+        kind,
+        stdout=run.get("stdout") or "",
+        stderr=run.get("stderr") or "",
+        return_code=run.get("return_code"),
+        execution_time=run.get("execution_time"),
+        truncated=truncated,
+        message=message,
+        files=files,
+    )

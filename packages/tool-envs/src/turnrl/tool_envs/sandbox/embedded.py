@@ -31,8 +31,13 @@ def free_port() -> int:
 class EmbeddedSandbox:
     """A sandbox server child process on a loopback port."""
 
-    def __init__(self, *args: str, port: int | None = None, token: str | None = None,
-                 startup_timeout: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        token: str | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
@@ -42,8 +47,17 @@ class EmbeddedSandbox:
 
     def start(self) -> EmbeddedSandbox:
         """Start the server and wait until ``/v1/ping`` answers."""
-        cmd = [sys.executable, "-m", "turnrl.tool_envs.sandbox.cli", "serve",
-               "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnrl.tool_envs.sandbox.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
         env = {k: v for k, v in os.environ.items() if k != "TURNRL_SANDBOX_TOKEN"}
         if self.token:
             env["TURNRL_SANDBOX_TOKEN"] = self.token
@@ -94,8 +108,12 @@ class EmbeddedSandbox:
     def __enter__(self) -> EmbeddedSandbox:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 

@@ -65,8 +65,14 @@ class _Run:
 class ForkServer:
     """Serves run requests from one socket; see the module docstring."""
 
-    def __init__(self, sock: socket.socket, config: limits.SandboxLimits, slots: int,
-                 python_mode: str, worker_index: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sock: socket.socket,
+        config: limits.SandboxLimits,
+        slots: int,
+        python_mode: str,
+        worker_index: int,
+    ) -> None:
         self.sock = sock
         self.config = config
         self.python_mode = python_mode
@@ -177,22 +183,35 @@ class ForkServer:
         in_process = request["language"] == "python" and self.python_mode == "fork"
         status_r, status_w = os.pipe() if in_process else (-1, -1)
         plan = child.ChildPlan(
-            language=request["language"], workdir=workdir, stdin_path=stdin_path,
-            out_fd=out_w, err_fd=err_w, uid=uid if self.isolation.setuid else None,
+            language=request["language"],
+            workdir=workdir,
+            stdin_path=stdin_path,
+            out_fd=out_w,
+            err_fd=err_w,
+            uid=uid if self.isolation.setuid else None,
             keep_read_search=self.isolation.read_all_files,
-            cpu_seconds=request["run_timeout"], memory_bytes=request["memory_mb"] << 20,
-            python_mode=self.python_mode, limits=self.config,
+            cpu_seconds=request["run_timeout"],
+            memory_bytes=request["memory_mb"] << 20,
+            python_mode=self.python_mode,
+            limits=self.config,
             status_fd=status_w if in_process else None,
-        )  # fmt: skip
+        )
         pid = self._fork(plan)
         for fd in (out_w, err_w, status_w):
             if fd >= 0:
                 os.close(fd)
         started = time.monotonic()
-        run = _Run(request=request, slot=uid, uid=uid, rundir=rundir, pid=pid,
-                   pidfd=os.pidfd_open(pid), started=started,
-                   deadline=started + request["run_timeout"],
-                   pipes={out_r: "stdout", err_r: "stderr"})  # fmt: skip
+        run = _Run(
+            request=request,
+            slot=uid,
+            uid=uid,
+            rundir=rundir,
+            pid=pid,
+            pidfd=os.pidfd_open(pid),
+            started=started,
+            deadline=started + request["run_timeout"],
+            pipes={out_r: "stdout", err_r: "stderr"},
+        )
         self.runs[pid] = run
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
@@ -223,7 +242,8 @@ class ForkServer:
         os.mkdir(workdir, 0o700)
         files: dict[str, str | None] = dict(request.get("files") or {})
         files[child.main_file(request["language"])] = base64.b64encode(
-            request["code"].encode()).decode()  # fmt: skip
+            request["code"].encode()
+        ).decode()
         for name, content in files.items():
             path = _inside(workdir, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -296,8 +316,10 @@ class ForkServer:
 
     def _kill(self, run: _Run) -> None:
         """Kill the run's whole tree (the PID namespace dies with its PID 1)."""
-        for target in (lambda: os.kill(run.pid, signal.SIGKILL),
-                       lambda: os.killpg(run.pid, signal.SIGKILL)):  # fmt: skip
+        for target in (
+            lambda: os.kill(run.pid, signal.SIGKILL),
+            lambda: os.killpg(run.pid, signal.SIGKILL),
+        ):
             try:
                 target()
             except (ProcessLookupError, PermissionError):
@@ -363,7 +385,8 @@ def _result(run: _Run, files: dict[str, str]) -> dict[str, Any]:
         signum = os.WTERMSIG(run.status) if os.WIFSIGNALED(run.status) else None
         code = os.WEXITSTATUS(run.status) if os.WIFEXITED(run.status) else -(signum or 0)
     cpu_exceeded = signum in (signal.SIGXCPU, signal.SIGKILL) and (
-        run.cpu_time >= run.request["run_timeout"] - 0.05)  # fmt: skip
+        run.cpu_time >= run.request["run_timeout"] - 0.05
+    )
     return {
         "id": run.request["id"],
         "timed_out": run.timed_out or cpu_exceeded,

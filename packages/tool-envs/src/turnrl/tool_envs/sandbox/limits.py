@@ -116,8 +116,16 @@ _O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 
 def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
-    if _libc.mount(source.encode(), target.encode(), fstype.encode(), ctypes.c_ulong(flags),
-                   data.encode() or None) != 0:  # fmt: skip
+    if (
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode(),
+            ctypes.c_ulong(flags),
+            data.encode() or None,
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target} failed: {os.strerror(err)}")
 

@@ -29,12 +29,54 @@ _CATALOGUE: dict[str, dict[str, list[str]]] = {
     "Notebook": {"size": ["A5", "A4"], "paper": ["lined", "dotted", "blank"]},
     "Coffee Mug": {"volume": ["300ml", "450ml"], "color": ["white", "green", "orange"]},
 }
-_FIRST = ["Ada", "Bruno", "Chloe", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas",
-          "Keiko", "Liam", "Maya", "Nils", "Olga", "Pablo", "Rosa", "Sami", "Tara", "Umar"]  # fmt: skip
-_LAST = ["Okafor", "Lindqvist", "Moreau", "Tanaka", "Silva", "Novak", "Haddad", "Berg", "Costa",
-         "Fischer", "Ivanova", "Kowalski", "Mendes", "Park", "Rossi", "Weber"]  # fmt: skip
-_CITIES = [("Springfield", "IL", "62701"), ("Riverton", "WY", "82501"), ("Lakeview", "OR", "97630"),
-           ("Fairview", "TN", "37062"), ("Georgetown", "TX", "78626"), ("Madison", "WI", "53703")]  # fmt: skip
+_FIRST = [
+    "Ada",
+    "Bruno",
+    "Chloe",
+    "Dario",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Keiko",
+    "Liam",
+    "Maya",
+    "Nils",
+    "Olga",
+    "Pablo",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Umar",
+]
+_LAST = [
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Tanaka",
+    "Silva",
+    "Novak",
+    "Haddad",
+    "Berg",
+    "Costa",
+    "Fischer",
+    "Ivanova",
+    "Kowalski",
+    "Mendes",
+    "Park",
+    "Rossi",
+    "Weber",
+]
+_CITIES = [
+    ("Springfield", "IL", "62701"),
+    ("Riverton", "WY", "82501"),
+    ("Lakeview", "OR", "97630"),
+    ("Fairview", "TN", "37062"),
+    ("Georgetown", "TX", "78626"),
+    ("Madison", "WI", "53703"),
+]
 _STREETS = ["Oak St", "Maple Ave", "Cedar Ln", "Pine Rd", "Elm Ct", "Birch Way", "Willow Dr"]
 _STATUSES = ["pending", "pending", "delivered", "delivered", "processed", "cancelled"]
 
@@ -139,10 +181,15 @@ def _order(
     items = []
     for product in rng.sample(list(products.values()), rng.randint(1, 3)):
         variant = rng.choice(list(product["variants"].values()))
-        items.append({
-            "name": product["name"], "product_id": product["product_id"],
-            "item_id": variant["item_id"], "price": variant["price"], "options": dict(variant["options"]),
-        })  # fmt: skip
+        items.append(
+            {
+                "name": product["name"],
+                "product_id": product["product_id"],
+                "item_id": variant["item_id"],
+                "price": variant["price"],
+                "options": dict(variant["options"]),
+            }
+        )
     status = rng.choice(_STATUSES)
     fulfillments = []
     if status in ("delivered", "processed"):
@@ -155,9 +202,14 @@ def _order(
     if status == "cancelled":
         history.append({"transaction_type": "refund", "amount": total, "payment_method_id": method})
     return {
-        "order_id": order_id, "user_id": user_id, "address": dict(user["address"]), "items": items,
-        "fulfillments": fulfillments, "status": status, "payment_history": history,
-    }  # fmt: skip
+        "order_id": order_id,
+        "user_id": user_id,
+        "address": dict(user["address"]),
+        "items": items,
+        "fulfillments": fulfillments,
+        "status": status,
+        "payment_history": history,
+    }
 
 
 def _identify(rng: random.Random, user_id: str, user: dict[str, Any]) -> tuple[str, Action]:
@@ -194,10 +246,18 @@ def _task_for(kind: str, rng: random.Random, order: dict, tables: dict) -> Task 
             text,
         )
     if kind == "address" and status == "pending":
-        new = {"address1": f"{rng.randint(1, 999)} {rng.choice(_STREETS)}", "address2": "",
-               "city": "Fairview", "state": "TN", "country": "USA", "zip": "37062"}  # fmt: skip
-        text = (f"{who} You moved. Ship order {oid} to {new['address1']}, {new['city']}, "
-                f"{new['state']} {new['zip']}, {new['country']} (no second address line).")  # fmt: skip
+        new = {
+            "address1": f"{rng.randint(1, 999)} {rng.choice(_STREETS)}",
+            "address2": "",
+            "city": "Fairview",
+            "state": "TN",
+            "country": "USA",
+            "zip": "37062",
+        }
+        text = (
+            f"{who} You moved. Ship order {oid} to {new['address1']}, {new['city']}, "
+            f"{new['state']} {new['zip']}, {new['country']} (no second address line)."
+        )
         return Task(
             order["user_id"],
             (find, look, Action("modify_pending_order_address", {"order_id": oid, **new})),
@@ -232,10 +292,16 @@ def _exchange_task(
             continue
         new = rng.choice(choices)
         wanted = ", ".join(f"{k} {v}" for k, v in new["options"].items())
-        text = (f"{who} You want to exchange the {item['name']} in order {order['order_id']} for the variant "
-                f"with {wanted}. Pay any difference with your credit card.")  # fmt: skip
-        kwargs = {"order_id": order["order_id"], "item_ids": [item["item_id"]],
-                  "new_item_ids": [new["item_id"]], "payment_method_id": card}  # fmt: skip
+        text = (
+            f"{who} You want to exchange the {item['name']} in order {order['order_id']} for the variant "
+            f"with {wanted}. Pay any difference with your credit card."
+        )
+        kwargs = {
+            "order_id": order["order_id"],
+            "item_ids": [item["item_id"]],
+            "new_item_ids": [new["item_id"]],
+            "payment_method_id": card,
+        }
         details = Action("get_product_details", {"product_id": product["product_id"]})
         return Task(
             order["user_id"],
