@@ -36,10 +36,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.http_router import HttpRouter
 from turnrl.rollout_router.protocol import DrainTimeoutError, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import aiohttp
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
 

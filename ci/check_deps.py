@@ -1,8 +1,9 @@
 """Check the dependency direction between turnrl packages, and the namespace layout.
 
 Rules (see DESIGN.md):
-- npu-runtime, rewards and tool-envs import no other turnrl package;
-- rollout-router imports only npu-runtime; grpo-core only npu-runtime and rollout-router;
+- npu-runtime and rewards import no other turnrl package;
+- tool-envs and rollout-router import only npu-runtime (which has no dependencies);
+- grpo-core imports only npu-runtime and rollout-router;
 - rewards and tool-envs never import torch;
 - torch.cuda, torch.npu and torch_npu appear only in npu-runtime;
 - no package imports an app; no src/turnrl/__init__.py (PEP 420 namespace).
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
     "npu_runtime": set(),
     "rewards": set(),
-    "tool_envs": set(),
+    "tool_envs": {"npu_runtime"},
     "rollout_router": {"npu_runtime"},
     "grpo_core": {"npu_runtime", "rollout_router"},
 }

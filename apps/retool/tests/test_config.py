@@ -121,3 +121,19 @@ def test_resolved_config_is_saved(tmp_path: Path) -> None:
     assert saved["preset"] == "smoke" and saved["seed"] == 3
     assert saved["rl"]["num_rollout"] == config.rl.num_rollout
     assert saved["sandbox"]["url"] is None
+
+
+def test_real_presets_are_refused_at_start_naming_their_devices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The 8-device presets resolve (and print with --print-config) but do not start on the
+    one-process path: it would put the whole job on one device."""
+    from turnrl_app_retool.main import check_supported, main
+
+    for name in ("qwen3-4b-npu", "qwen3-4b-gpu"):
+        with pytest.raises(ValueError, match=f"preset {name} is written for 8 devices"):
+            check_supported(resolve(["--preset", name])[0])
+    assert main(["--preset", "qwen3-4b-npu", "--run-dir", "unused"]) == 2
+    assert "written for 8 devices" in capsys.readouterr().err
+    check_supported(resolve([])[0])
+    check_supported(resolve(["--smoke"])[0])

@@ -52,7 +52,9 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict
     """One ``--smoke`` run: its folder, console output and summary."""
     cwd = tmp_path_factory.mktemp("smoke")
     run_dir = cwd / "run"
-    proc = _run_app(["--smoke", "--run-dir", str(run_dir)], cwd, timeout=840)
+    proc = _run_app(
+        ["--smoke", "--run-dir", str(run_dir), "--eval-interval", "1"], cwd, timeout=840
+    )
     return run_dir, proc.stdout, json.loads((run_dir / "summary.json").read_text())
 
 
@@ -65,8 +67,12 @@ def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> No
     assert summary["steps"] == 2
     for phase in ("data", "model", "sft", "eval before RL", "rl", "eval after RL"):
         assert summary["phase_seconds"][phase] >= 0
-    # Every step trained and synced a new weight version to the engine.
+    # --eval-interval 1: step 1 is evaluated within the loop; the last step by "eval after RL".
     history = summary["train_history"]
+    assert summary["phase_seconds"]["eval during RL"] > 0
+    assert 0.0 <= history[0]["val-core/tau/acc/mean@4"] <= 1.0  # smoke: 4 trials per task
+    assert not any(key.startswith("val-core/") for key in history[1])
+    # Every step trained and synced a new weight version to the engine.
     assert all(step["train/skipped"] == 0.0 for step in history)
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert summary["before"]["failed"] == 0.0 and summary["after"]["failed"] == 0.0

@@ -33,7 +33,8 @@ from turnrl.grpo_core.megatron.model import (
     gpt_logprobs,
     load_hf_weights,
 )
-from turnrl.grpo_core.megatron.parallel import free_port, model_parallel
+from turnrl.grpo_core.megatron.parallel import model_parallel
+from turnrl.npu_runtime.net import free_port
 
 pytestmark = pytest.mark.megatron
 

@@ -24,8 +24,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from turnrl.grpo_core.megatron import QwenArchitecture, parse_megatron_args
 from turnrl.grpo_core.megatron.model import build_gpt_model, gpt_logprobs, load_hf_weights
-from turnrl.grpo_core.megatron.parallel import free_port, model_parallel
+from turnrl.grpo_core.megatron.parallel import model_parallel
 from turnrl.npu_runtime import device_count
+from turnrl.npu_runtime.net import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 

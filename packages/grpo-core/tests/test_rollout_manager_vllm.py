@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
 from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model

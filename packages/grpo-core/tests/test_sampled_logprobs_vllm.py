@@ -22,10 +22,10 @@ from transformers import AutoModelForCausalLM
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec, served_logprobs_mode
 from turnrl.rollout_router.engine_env import ready_python
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from turnrl.grpo_core.loop.weight_sync import DiskWeightSync
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient, engine_request_id
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import (
     DrainTimeoutError,
     EngineRequestError,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import ProcessDiedError
 from turnrl.rollout_router.engine import (
     DEFAULT_HEALTH_TIMEOUT,
@@ -19,7 +20,6 @@ from turnrl.rollout_router.engine import (
     launch_command,
     launch_env,
 )
-from turnrl.rollout_router.fake_engine import free_port
 
 
 def test_cpu_command_uses_server_module_and_scale_out_routes():

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from turnrl.rollout_router.fake_engine import free_port
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.http_router import HttpRouter, build_parser, main
 from turnrl.rollout_router.router import Router, RouterConfig
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from turnrl.rollout_router.fake_engine import free_port
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.protocol import (
     EngineRequestError,
     NoEngineAvailableError,

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.protocol import Environment
 from turnrl.tool_envs.retool import (
     CODE_INTERPRETER,
@@ -22,7 +23,6 @@ from turnrl.tool_envs.rollout import RolloutConfig, run_episode
 from turnrl.tool_envs.sandbox import RunResult, SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import (
     TEST_SERVER_ARGS,
-    free_port,
     shared_sandbox,
 )
 from turnrl.tool_envs.tool_calls import ToolCall, render_tool_call, to_openai_tool_calls

@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import Generation, SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig, run_episode
@@ -48,12 +48,6 @@ with torch.no_grad():
     emb[eot] = 2.0  # logits: 128 for <|im_end|>, 64 for every other token
 model.save_pretrained(out)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class VllmCompletionsEngine:
@@ -108,7 +102,7 @@ def engine_url(qwen3_dir: Path, qwen3: ChatTokenizer, tmp_path_factory: pytest.T
     )
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
         shutil.copy(qwen3_dir / name, model_dir)
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("logs") / "vllm.log").open("w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     proc = subprocess.Popen(

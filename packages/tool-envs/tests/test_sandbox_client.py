@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.sandbox import RunResult, SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.client import parse_response
 from turnrl.tool_envs.sandbox.embedded import (
     TEST_SERVER_ARGS,
-    free_port,
     shared_sandbox,
 )
 

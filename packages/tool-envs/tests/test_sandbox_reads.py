@@ -14,11 +14,11 @@ import time
 import pytest
 import requests
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.sandbox.embedded import (
     TEST_SERVER_ARGS,
     EmbeddedSandbox,
     can_contain,
-    free_port,
     shared_sandbox,
 )
 

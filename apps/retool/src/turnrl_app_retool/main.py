@@ -178,8 +178,8 @@ def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
 @contextlib.contextmanager
 def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[list[str]]:
     """Start ``engine.num_engines`` vLLM servers for ``model``; yield their URLs; stop them."""
+    from turnrl.npu_runtime.net import free_port
     from turnrl.rollout_router.engine import EngineServer, EngineSpec
-    from turnrl.tool_envs.sandbox.embedded import free_port
 
     e = config.engine
     extra = [*e.extra_args, "--seed", str(config.seed)]
@@ -458,12 +458,27 @@ def render_curves(run_dir: Path, console: Console) -> list[Path]:
     return paths
 
 
+def check_supported(config: RetoolAppConfig) -> None:
+    """Refuse, naming it, a setting this app does not act on yet."""
+    if config.num_devices > 1:
+        raise ValueError(
+            f"preset {config.preset} is written for {config.num_devices} devices (trainer ranks "
+            "and engines placed across them); apps/retool trains in one process on one device "
+            "and does not place engines on devices of their own yet"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``uv run apps/retool``."""
     config, args = resolve(argv)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    try:
+        check_supported(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(run(config))
     return 0
 

@@ -41,8 +41,8 @@ def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: in
         use_kl_loss=rl.use_kl_loss,
         kl_loss_coef=rl.kl_loss_coef,
         entropy_coef=rl.entropy_coef,
-        loss_agg_mode=rl.loss_agg_mode,
-    )  # type: ignore[arg-type]
+        loss_agg_mode=rl.loss_agg_mode,  # type: ignore[arg-type]
+    )
     return TorchEngine(
         TorchEngineConfig(
             model_path=str(model_path),

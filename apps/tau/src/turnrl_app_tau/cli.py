@@ -188,6 +188,11 @@ _ENV_VARS: list[tuple[str, str, Any]] = [
 ]
 SCRIPT_FLAGS: tuple[str, ...] = tuple(f for f, _, _ in _SCRIPT_FLAGS)
 """Every flag of the vime tau-bench NPU script (model-architecture flags aside)."""
+FLAG_OF: dict[str, str] = {
+    **{dotted: flag for flag, dotted, _, _ in _APP_FLAGS},
+    **{dotted: flag for flag, dotted, _ in _SCRIPT_FLAGS},
+}
+"""The command-line flag that sets each config field ("section.field")."""
 
 
 @dataclass

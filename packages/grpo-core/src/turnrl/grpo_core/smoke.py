@@ -32,10 +32,10 @@ from turnrl.grpo_core.loop.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.npu_runtime.device import DeviceType, detect_device, device_count
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ensure_engine_env
-from turnrl.rollout_router.fake_engine import free_port
 from turnrl.rollout_router.protocol import SamplingParams
 
 ENGINE_DEVICE = {DeviceType.CPU: "cpu", DeviceType.CUDA: "gpu", DeviceType.NPU: "npu"}

@@ -7,6 +7,7 @@ Everything device-specific in turnrl lives here. Modules:
 - :mod:`~turnrl.npu_runtime.ascend_env`: documented Ascend environment defaults.
 - :mod:`~turnrl.npu_runtime.memory`: free / total device memory and the margin check.
 - :mod:`~turnrl.npu_runtime.supervise`: child processes in their own process groups.
+- :mod:`~turnrl.npu_runtime.net`: free ports for servers and rendezvous.
 
 Only the standard library is imported here; torch is loaded when first needed.
 """

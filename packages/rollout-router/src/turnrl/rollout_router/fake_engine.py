@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from turnrl.npu_runtime.net import free_port
 
 PREFIX = "generate-tokens-"
 # vLLM's RL control routes (VLLM_SERVER_DEV_MODE=1); the fake records the calls.
@@ -35,13 +36,6 @@ RL_ROUTES = (
     "/finish_weight_update",
     "/shutdown_weight_transfer_engine",
 )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 from dataclasses import asdict, dataclass, replace
 from types import ModuleType
 from typing import Any
 
 from turnrl.grpo_core.loop.placement import PlacementConfig, PlacementPlan, plan_placement
+from turnrl.npu_runtime.net import free_port
 
 __all__ = [
     "RAY_INSTALL_HINT",
@@ -97,12 +97,6 @@ class EngineLaunch:
             raise ValueError("EngineLaunch needs exactly one of spec=EngineSpec(...) or fake=True")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def _node_info() -> dict[str, Any]:
     ray = require_ray()
     return {
@@ -135,7 +129,7 @@ class TrainerActor:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's IP and a port free on it, for rank 0 to host the process group."""
-        return require_ray().util.get_node_ip_address(), _free_port()
+        return require_ray().util.get_node_ip_address(), free_port("")
 
     def init_process_group(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the trainers' ``torch.distributed`` group (blocks until all ranks join)."""
@@ -239,7 +233,7 @@ class EngineActor:
             env[_VISIBLE_ENV[accelerator]] = ",".join(device_ids)
         spec = replace(
             launch.spec,
-            port=_free_port(),
+            port=free_port(""),
             tensor_parallel_size=max(1, len(device_ids)),
             env=env,
         )

@@ -38,7 +38,6 @@ import datetime
 import importlib
 import inspect
 import os
-import socket
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -46,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from turnrl.npu_runtime.device import DeviceType, accelerator_module
+from turnrl.npu_runtime.net import free_port
 
 
 class TransferGroup(Protocol):
@@ -294,13 +294,6 @@ def _import(module: str, what: str) -> ModuleType:
         raise RuntimeError(
             f"HCCL weight transfer needs {what}: cannot import {module} ({exc})"
         ) from exc
-
-
-def free_port(address: str) -> int:
-    """A TCP port that is free on ``address`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 class HcclTransferGroup:

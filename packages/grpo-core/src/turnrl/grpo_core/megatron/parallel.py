@@ -15,18 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 
 from turnrl.grpo_core.megatron.config import MegatronParallelConfig
 from turnrl.grpo_core.megatron.model import require_megatron
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a one-machine rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from turnrl.npu_runtime.net import free_port
 
 
 @contextlib.contextmanager

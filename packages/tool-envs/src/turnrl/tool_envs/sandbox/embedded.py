@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,7 @@ from types import TracebackType
 
 import requests
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from turnrl.npu_runtime.net import free_port
 
 
 class EmbeddedSandbox:

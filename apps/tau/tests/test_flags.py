@@ -1,0 +1,94 @@
+"""Every flag of the tau app acts or is refused at start (``main.check_supported``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from turnrl_app_tau import cli
+from turnrl_app_tau.cli import _APP_FLAGS, _ARCH_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
+from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
+
+KIND_OF = {dotted: kind for _, dotted, kind in _SCRIPT_FLAGS} | {
+    dotted: kind for _, dotted, kind, _ in _APP_FLAGS
+}
+
+
+def _attributes_read_by_the_app() -> set[str]:
+    """Attribute names loaded by the app (outside config.py and cli.py) or by grpo-core, which
+    reads the loop / loss / optimizer sections whole. A name check, so a field that shares
+    its name with another attribute passes; a field nothing reads at all fails."""
+    import turnrl.grpo_core
+
+    paths = [
+        p for p in Path(cli.__file__).parent.glob("*.py") if p.name not in ("config.py", "cli.py")
+    ]
+    paths += [p for root in turnrl.grpo_core.__path__ for p in Path(root).rglob("*.py")]
+    names: set[str] = set()
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        names |= {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+        }
+    return names
+
+
+def _other_value(dotted: str) -> list[str]:
+    """Command-line words that set ``dotted`` to something other than its default."""
+    if dotted == "model.arch":
+        return ["--num-layers", "4"]
+    kind = KIND_OF[dotted]
+    flag = FLAG_OF[dotted]
+    if kind in ("on", "off"):
+        return [flag]
+    return [flag, {int: "3", float: "0.25"}.get(kind, "other")]
+
+
+def test_every_flag_is_read_by_the_app_or_refused() -> None:
+    read = _attributes_read_by_the_app()
+    fields = set(FLAG_OF) | {"model.arch"}
+    silent = sorted(
+        d
+        for d in fields
+        if d not in NOT_HONOURED and d.split(".")[-1] not in read and d != "run_dir"
+    )
+    assert not silent, f"flags that set a field nothing reads and nothing refuses: {silent}"
+    assert {f"--{k.lstrip('-')}" for k, _ in _ARCH_FLAGS}  # the arch flags all land in model.arch
+    assert set(NOT_HONOURED) <= fields
+
+
+@pytest.mark.parametrize("dotted", sorted(NOT_HONOURED))
+def test_a_setting_the_torch_path_cannot_honour_stops_the_run_naming_its_flag(dotted: str) -> None:
+    words = _other_value(dotted)
+    config = resolve(words, {}).config
+    with pytest.raises(ValueError, match="cannot honour") as refused:
+        check_supported(config)
+    assert words[0] in str(refused.value)
+    assert NOT_HONOURED[dotted] in str(refused.value)
+
+
+def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at_once() -> None:
+    for argv in ([], ["--smoke"]):
+        check_supported(resolve(argv, {}).config)
+    config = resolve(["--preset", "qwen3-4b-gpu", "--train-backend", "torch"], {}).config
+    refused = "\n".join(not_honoured(config))
+    for flag in (
+        "--tensor-model-parallel-size 2",
+        "--colocate True",
+        "--max-tokens-per-gpu",
+    ):
+        assert flag in refused
+    with pytest.raises(ValueError, match="cannot honour"):
+        check_supported(config)
+
+
+def test_a_device_setting_is_refused_only_where_the_device_cannot_honour_it() -> None:
+    on_cpu = resolve(["--vllm-gpu-memory-utilization", "0.9"], {}).config
+    with pytest.raises(ValueError, match=r"--vllm-gpu-memory-utilization 0\.9: on --device cpu"):
+        check_supported(on_cpu)
+    assert not not_honoured(
+        resolve(["--vllm-gpu-memory-utilization", "0.9", "--device", "gpu"], {}).config
+    )
