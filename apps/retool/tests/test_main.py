@@ -39,13 +39,14 @@ def test_generated_datasets_keep_heldout_apart() -> None:
 
 def test_sft_stops_at_the_probe_target_or_the_time_bound(tmp_path: Path) -> None:
     from turnrl_app_retool.main import build_base_model, run_sft_stage
-    from turnrl_app_retool.runlog import RunLogger
+
+    from turnrl.grpo_core.loop.observe import StepLogger
 
     flags = ["--sft-steps", "6", "--sft-probe-target", "1", "--sft-probe-interval", "2"]
     config, _ = resolve(["--smoke", *flags])
     data = Datasets(config, "Box it.")
     base = build_base_model(config, tmp_path / "base")
-    logger = RunLogger(tmp_path, tensorboard=False)
+    logger = StepLogger(tmp_path, console=False, tensorboard=False)
     run_sft_stage(config, base, data, tmp_path / "sft", Console(), logger)
     config.sft.max_seconds = 1e-3
     run_sft_stage(config, base, data, tmp_path / "sft-timed", Console(), logger)

@@ -160,6 +160,21 @@ def test_step_logger_rejects_bad_metrics_without_writing(tmp_path: Path) -> None
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
+def test_step_logger_records_the_phase_and_the_report_skips_it(tmp_path: Path) -> None:
+    from turnrl.grpo_core.report import load_scalars
+
+    with StepLogger(tmp_path, console=False, tensorboard=False) as log:
+        log(1, {"sft/loss": 2.0}, phase="sft")
+        log(1, {"rollout/reward_mean": 0.5}, phase="rl")
+        log(2, {"rollout/reward_mean": 0.75})
+        with pytest.raises(ValueError, match="reserved"):
+            log(3, {"phase": 1.0})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("phase") for r in rows] == ["sft", "rl", None]
+    scalars = load_scalars(tmp_path)
+    assert "phase" not in scalars and scalars["rollout/reward_mean"] == [(1, 0.5), (2, 0.75)]
+
+
 def test_step_logger_closed_and_bad_folder(tmp_path: Path) -> None:
     log = StepLogger(tmp_path / "run", console=False)
     log.close()

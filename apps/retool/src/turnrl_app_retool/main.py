@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -39,8 +39,10 @@ from turnrl_app_retool.episodes import (
     summarize,
 )
 from turnrl_app_retool.rl import make_trainer, run_rl_stage
-from turnrl_app_retool.runlog import RunLogger
 from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, make_problems, train_and_heldout
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.observe import StepLogger
 
 
 class Datasets:
@@ -114,7 +116,7 @@ def run_sft_stage(
     datasets: Datasets,
     out: Path,
     console: Console,
-    logger: RunLogger,
+    logger: StepLogger,
 ) -> tuple[Path, float]:
     """Stage 1; returns the exported model folder and the last loss.
 
@@ -154,7 +156,7 @@ def run_sft_stage(
             if (rate := stop.last_probe) is not None:
                 metrics["probe"] = rate
                 console.print(f"SFT step {step}: {rate:.2f} of {len(probe)} probe chats reproduced")
-            logger.log(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, "sft")
+            logger(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, phase="sft")
             bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")
             if reason:
                 break
@@ -209,7 +211,7 @@ class Evaluator:
     """Validation over every dataset; keeps what the summary table needs."""
 
     def __init__(
-        self, config: RetoolAppConfig, settings: Any, datasets: Datasets, logger: RunLogger
+        self, config: RetoolAppConfig, settings: Any, datasets: Datasets, logger: StepLogger
     ) -> None:
         self.config, self.settings, self.datasets, self.logger = config, settings, datasets, logger
         self.per_problem: dict[int, dict[str, list[float]]] = {}
@@ -227,14 +229,14 @@ class Evaluator:
             turns.append(m["val-aux/num_turns/mean"])
             tokens += m["val-aux/generated_tokens"]
             metrics.update(m)
-            self.logger.text(
-                f"val/{source}/generations", generations_text(trajs, self.settings.chat), step
+            self.logger.log_samples(
+                step, [generations_text(trajs, self.settings.chat)], f"val/{source}/generations"
             )
         seconds = time.perf_counter() - start
         metrics["val-aux/num_turns/mean"] = sum(turns) / len(turns)
         metrics["val-aux/seconds"] = seconds
         metrics["val-aux/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
-        self.logger.log(step, metrics, "val")
+        self.logger(step, metrics, phase="val")
         return metrics
 
 
@@ -263,9 +265,9 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         torch.set_num_threads(config.model.torch_threads)
     phases: dict[str, float] = {}
     datasets = Datasets(config, DEFAULT_INSTRUCTION)
-    with RunLogger(run_dir) as logger:
-        if logger.tensorboard_error:
-            console.print(f"[yellow]{logger.tensorboard_error}")
+    from turnrl.grpo_core.loop.observe import StepLogger
+
+    with StepLogger(run_dir, console=False) as logger:
         t0 = time.perf_counter()
         policy = build_base_model(config, run_dir / "model" / "base")
         sft_loss = None

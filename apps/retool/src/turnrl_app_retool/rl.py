@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -21,7 +21,16 @@ from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
 from turnrl_app_retool.data import MathTask
 from turnrl_app_retool.episodes import run_tasks
-from turnrl_app_retool.runlog import RunLogger
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.observe import StepLogger
+
+VERL_ALIASES = {
+    "rollout/reward_mean": "critic/rewards/mean",
+    "rollout/response_len_mean": "response_length/mean",
+    "rollout/num_turns_mean": "num_turns/mean",
+}
+"""turnrl loop metric -> the verl name it is also logged under."""
 
 
 def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
@@ -87,7 +96,7 @@ async def run_rl_stage(
     settings: Any,
     train: list[MathTask],
     run_dir: Path,
-    logger: RunLogger,
+    logger: StepLogger,
     console: Console,
 ) -> list[dict[str, float]]:
     """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights.
@@ -133,7 +142,9 @@ async def run_rl_stage(
 
         def on_metrics(step: int, metrics: dict[str, float]) -> None:
             metrics.update(step_stats)  # the same dict lands in the loop's history
-            logger.log(step, metrics, "rl")
+            # Also under verl's names, so curves line up with a verl ReTool run.
+            verl = {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
+            logger(step, {**metrics, **verl}, phase="rl")
             console.print(step_line(step, metrics))
             bar.update(
                 task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")

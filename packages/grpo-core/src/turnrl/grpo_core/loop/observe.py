@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 NO_PROGRESS_ENV = "TURNRL_NO_PROGRESS"
 """Set to ``1`` to silence every progress bar."""
 
-RESERVED_KEYS = ("step", "time")
+RESERVED_KEYS = ("step", "time", "phase")
 """Keys every ``metrics.jsonl`` line carries besides the metrics (so no metric may use them)."""
 
 # (metric, label, format) in console order; a metric absent from the step is skipped.
@@ -155,8 +155,11 @@ class StepLogger:
         self._samples: IO[str] | None = None
         self.writer: Any = _summary_writer(self.run_dir / "tensorboard") if tensorboard else None
 
-    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+    def __call__(self, step: int, metrics: dict[str, float], phase: str | None = None) -> None:
         """Record one step: print its line, append it to ``metrics.jsonl``, write TensorBoard.
+
+        ``phase`` (e.g. ``sft``, ``rl``, ``val``) is stored in the ``metrics.jsonl`` line, for
+        runs whose stages count their own steps.
 
         Raises:
             ValueError: the logger is closed, ``step`` is negative, a metric is not a
@@ -168,7 +171,12 @@ class StepLogger:
         clash = [key for key in RESERVED_KEYS if key in scalars]
         if clash:
             raise ValueError(f"metric names {clash} are reserved in metrics.jsonl; rename them")
-        record = {"step": step, "time": time.time(), **scalars}
+        record = {
+            "step": step,
+            "time": time.time(),
+            **({"phase": phase} if phase else {}),
+            **scalars,
+        }
         out.write(json.dumps(record) + "\n")
         out.flush()
         if self.writer is not None:
