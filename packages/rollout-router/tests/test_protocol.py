@@ -1,59 +1,18 @@
-"""Our records match turnrl.tool_envs' protocol by field name (checked from its source)."""
+"""The engine records and their vLLM form."""
 
 from __future__ import annotations
-
-import ast
-import dataclasses
-from pathlib import Path
 
 import pytest
 
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.protocol import Generation, SamplingParams, sampling_to_vllm
-
-TOOL_ENVS_PROTOCOL = (
-    Path(__file__).resolve().parents[2]
-    / "tool-envs"
-    / "src"
-    / "turnrl"
-    / "tool_envs"
-    / "protocol.py"
-)
+from turnrl.rollout_router.protocol import SamplingParams, sampling_to_vllm
 
 
-def _fields(tree: ast.Module, cls: str) -> list[str]:
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    return [
-        s.target.id
-        for s in node.body
-        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-    ]
-
-
-@pytest.mark.skipif(not TOOL_ENVS_PROTOCOL.is_file(), reason="tool-envs sources not present")
-def test_fields_cover_tool_envs_protocol():
-    tree = ast.parse(TOOL_ENVS_PROTOCOL.read_text())
-    ours = {f.name for f in dataclasses.fields(SamplingParams)}
-    assert set(_fields(tree, "SamplingParams")) <= ours
-    ours = {f.name for f in dataclasses.fields(Generation)}
-    assert set(_fields(tree, "Generation")) <= ours
-
-
-@dataclasses.dataclass
-class ForeignSampling:
-    """Stands for another package's SamplingParams: same fields, different class."""
-
-    temperature: float = 0.0
-    top_p: float = 0.9
-    max_tokens: int = 4
-    stop: list[str] = dataclasses.field(default_factory=lambda: ["\n"])
-    stop_token_ids: list[int] = dataclasses.field(default_factory=lambda: [7])
-    seed: int | None = 11
-
-
-def test_foreign_sampling_object_converts_field_by_field():
-    body = sampling_to_vllm(ForeignSampling())
-    assert body == {
+def test_sampling_converts_field_by_field():
+    sampling = SamplingParams(
+        temperature=0.0, top_p=0.9, max_tokens=4, stop=["\n"], stop_token_ids=[7], seed=11
+    )
+    assert sampling_to_vllm(sampling) == {
         "temperature": 0.0,
         "top_p": 0.9,
         "top_k": -1,
@@ -67,10 +26,10 @@ def test_foreign_sampling_object_converts_field_by_field():
     }
 
 
-async def test_client_accepts_foreign_sampling(make_engine):
+async def test_client_sends_the_seed(make_engine):
     engine = await make_engine()
     async with EngineClient(engine.url) as client:
-        gen = await client.generate([1, 1], ForeignSampling(), "s")
+        gen = await client.generate([1, 1], SamplingParams(max_tokens=4, seed=11), "s")
     assert gen.token_ids == [2, 3, 4, 5]
     assert engine.requests[0]["sampling_params"]["seed"] == 11
 

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -32,7 +32,7 @@ from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.router import Router, RouterConfig
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.protocol import SamplingParams, TokenEngine
+from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
@@ -352,8 +352,7 @@ async def _run_with_router(
     chat = ChatTokenizer.from_dir(policy)
     async with Router(urls, router_config) as router:
         episodes = TauEpisodes(
-            # rollout-router's Generation meets tool-envs' structurally (same fields).
-            cast(TokenEngine, router),
+            router,
             chat,
             data.domain,
             tools,

@@ -179,7 +179,7 @@ class EngineClient:
     async def generate(
         self,
         prompt_ids: list[int],
-        sampling: Any = None,
+        sampling: SamplingParams | None = None,
         session_id: str | None = None,
         *,
         request_id: str | None = None,
@@ -188,8 +188,7 @@ class EngineClient:
 
         Args:
             prompt_ids: The prompt, as token ids (non-empty).
-            sampling: A :class:`SamplingParams` or any object with its fields (such as
-                ``turnrl.tool_envs``' own); default ``SamplingParams()``.
+            sampling: The sampling settings; default ``SamplingParams()``.
             session_id: Recorded so :meth:`abort_session` can find the request.
             request_id: Client-side id (default: a fresh uuid); must be unique in flight.
 
@@ -224,12 +223,11 @@ class EngineClient:
                 "stream": True,
             }
             await self._stream(body, out, flight)
-            limit = getattr(sampling, "max_tokens", None)
             if (
                 flight.aborted
                 and out.finish_reason != "abort"
                 and out.stop_reason is None
-                and (limit is None or len(out.token_ids) < limit)
+                and len(out.token_ids) < sampling.max_tokens
             ):
                 # We asked for the abort, the limit was not reached and no stop string or
                 # token matched: the abort ended it, whatever label the engine's last chunk

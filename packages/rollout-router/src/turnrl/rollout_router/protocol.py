@@ -1,9 +1,10 @@
 """Records shared by the engine client and the routers: sampling settings, generations, errors.
 
-The field names match ``turnrl.tool_envs.protocol`` (``SamplingParams``, ``Generation``)
-so an :class:`~turnrl.rollout_router.client.EngineClient` or a
-:class:`~turnrl.rollout_router.router.Router` meets its ``TokenEngine`` protocol
-structurally; this package never imports ``turnrl.tool_envs``.
+The one definition of the engine records: ``turnrl.tool_envs.protocol`` re-exports
+:class:`SamplingParams` and :class:`Generation`, so an
+:class:`~turnrl.rollout_router.client.EngineClient` or a
+:class:`~turnrl.rollout_router.router.Router` is a ``TokenEngine`` of the environments.
+This package never imports ``turnrl.tool_envs``.
 """
 
 from __future__ import annotations
@@ -50,29 +51,24 @@ class SamplingParams:
             raise ValueError("allowed_token_ids must be non-negative integers")
 
 
-def sampling_to_vllm(sampling: Any) -> dict[str, Any]:
-    """vLLM ``sampling_params`` JSON for any object with :class:`SamplingParams`' fields.
-
-    Duck-typed on purpose: callers such as ``turnrl.tool_envs`` pass their own
-    ``SamplingParams`` (same field names), which this package never imports. Only the
-    sampled token's logprob is requested (``logprobs: 0``).
-    """
+def sampling_to_vllm(sampling: SamplingParams) -> dict[str, Any]:
+    """vLLM ``sampling_params`` JSON; only the sampled token's logprob is requested."""
     out: dict[str, Any] = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": int(getattr(sampling, "top_k", -1)),
+        "top_k": sampling.top_k,
         "max_tokens": sampling.max_tokens,
         "logprobs": 0,
-        "ignore_eos": bool(getattr(sampling, "ignore_eos", False)),
+        "ignore_eos": sampling.ignore_eos,
         "skip_special_tokens": False,
     }
-    if getattr(sampling, "stop", None):
+    if sampling.stop:
         out["stop"] = list(sampling.stop)
-    if getattr(sampling, "stop_token_ids", None):
+    if sampling.stop_token_ids:
         out["stop_token_ids"] = list(sampling.stop_token_ids)
-    if getattr(sampling, "seed", None) is not None:
+    if sampling.seed is not None:
         out["seed"] = sampling.seed
-    if getattr(sampling, "allowed_token_ids", None):
+    if sampling.allowed_token_ids:
         out["allowed_token_ids"] = list(sampling.allowed_token_ids)
     return out
 

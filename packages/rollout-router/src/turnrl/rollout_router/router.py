@@ -39,6 +39,7 @@ from turnrl.rollout_router.protocol import (
     EngineUnavailableError,
     Generation,
     NoEngineAvailableError,
+    SamplingParams,
 )
 
 T = TypeVar("T")
@@ -380,7 +381,10 @@ class Router:
         ) from last
 
     async def generate(
-        self, prompt_ids: list[int], sampling: Any = None, session_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
     ) -> Generation:
         """Generate on the chosen engine (see the module docstring for the choice)."""
 

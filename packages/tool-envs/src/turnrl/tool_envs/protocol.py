@@ -1,51 +1,31 @@
 """The small protocols that connect episodes to engines and environments.
 
 Messages are plain OpenAI-format dicts (``{"role", "content", "tool_calls"?, ...}``) so
-they render directly through a model's chat template. ``turnrl.rollout_router``'s engine
-client meets :class:`TokenEngine` structurally; this package never imports it.
+they render directly through a model's chat template. The engine records
+(:class:`SamplingParams`, :class:`Generation`, ``FinishReason``) are
+``turnrl.rollout_router.protocol``'s, re-exported here; its engine client and router meet
+:class:`TokenEngine`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from turnrl.rollout_router.protocol import FinishReason, Generation, SamplingParams
+
+__all__ = [
+    "Environment",
+    "FinishReason",
+    "Generation",
+    "Message",
+    "SamplingParams",
+    "StepResult",
+    "TokenEngine",
+    "UserSimulator",
+]
 
 Message = dict[str, Any]
-FinishReason = Literal["stop", "length", "abort"]
-
-
-@dataclass
-class SamplingParams:
-    """Sampling settings for one generation call."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = -1
-    """Sample among the k most likely tokens; -1 for all."""
-    max_tokens: int = 512
-    """Most tokens to generate in this call (the episode may lower it to fit the context)."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings; the engine stops after producing one (not included in the output ids)."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Stop token ids (e.g. ``<|im_end|>``); included in the output ids when produced."""
-    seed: int | None = None
-    """Per-request seed, for reproducible sampling."""
-
-
-@dataclass
-class Generation:
-    """What an engine returns for one token-in/token-out call."""
-
-    token_ids: list[int]
-    """Generated token ids, exactly as the engine produced them."""
-    logprobs: list[float]
-    """Log-probability of each generated token under the sampling distribution."""
-    finish_reason: FinishReason
-    """``stop`` (stop token/string), ``length`` (max_tokens reached) or ``abort``."""
-    stop_reason: str | int | None = None
-    """For ``stop``: the stop string matched (str) or stop token id (int); None if unknown."""
 
 
 @runtime_checkable
