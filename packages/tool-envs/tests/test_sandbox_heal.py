@@ -50,3 +50,34 @@ def test_killed_fork_server_is_restarted_and_its_runs_fail_fast():
         assert after["restarts"] == 1 and after["pid"] != before["pid"]
         assert after["gaps"] == before["gaps"]
         assert not os.path.exists(before["runs_dir"])  # the dead one's folder was removed
+
+
+def test_an_embedded_sandbox_stops_when_the_process_that_started_it_is_killed(tmp_path) -> None:
+    """SIGKILL of the owner (a test runner's timeout, a crash) leaves no sandbox running:
+    the server watches its parent (--parent-pid) and stops, and its fork servers with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox\n"
+        "box = EmbeddedSandbox(*TEST_SERVER_ARGS).start()\n"
+        "print(box.process.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server = int(owner.stdout.readline())
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    from turnrl.npu_runtime.supervise import group_alive
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if not group_alive(server):  # the server's group: it and its fork servers
+            return
+        time.sleep(0.1)
+    os.killpg(server, signal.SIGKILL)
+    raise AssertionError("the sandbox server outlived the process that started it")

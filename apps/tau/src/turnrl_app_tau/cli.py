@@ -110,6 +110,12 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
     ("--seed", "seed", int, "global seed"),
     ("--device", "cluster.device", str, "cpu, gpu or npu"),
+    (
+        "--runner",
+        "cluster.runner",
+        str,
+        "local (one process) or ray (trainer ranks and engines on Ray)",
+    ),
     ("--micro-batch-size", "parallel.micro_batch_size", int, "sequences per micro-batch"),
     ("--eval-interval", "loop.eval_interval", int, "evaluate every N steps (0: only before/after)"),
     ("--save-interval", "loop.save_interval", int, "checkpoint every N steps (0: only at the end)"),

@@ -22,6 +22,8 @@ from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
+RUNNERS = ("local", "ray")
+"""How GRPO trains (``ClusterConfig.runner``)."""
 TAU_REWARDS = ("shaped-group-max", "task")
 """The app's reward hooks by ``--tau-reward`` name (``episodes.REWARDS``)."""
 
@@ -72,6 +74,15 @@ class ClusterConfig:
     """Trainer and engines share the same devices [--colocate]."""
     train_memory_margin_bytes: int = 0
     """Device memory kept free by the trainer [--train-memory-margin-bytes]."""
+    runner: str = "local"
+    """How GRPO trains [--runner]: ``local`` (one in-process trainer, engines started by the
+    app) or ``ray`` (grpo-core's RayGRPORun: trainer ranks and engines as Ray actors placed
+    by --actor-num-nodes / --actor-num-gpus-per-node / --rollout-num-gpus / --colocate; a
+    local Ray is started unless ``RAY_ADDRESS`` names a cluster)."""
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
 
     @property
     def num_engines(self) -> int:
@@ -473,6 +484,7 @@ def qwen3_4b_npu() -> TauAppConfig:
             rollout_num_gpus=4,
             rollout_num_gpus_per_engine=1,
             train_memory_margin_bytes=4294967296,
+            runner="ray",
         ),
         parallel=ParallelConfig(
             train_backend="megatron",

@@ -12,6 +12,7 @@ evaluation (pass^k with ``--num-trials`` and ``--max-concurrency``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -19,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,7 +29,7 @@ from turnrl.grpo_core.loop.loop import EvalFn, latest_checkpoint
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.router import Router, RouterConfig
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -52,16 +53,26 @@ from turnrl_app_tau.report import (
 from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
+    engine_spec,
     make_trainer,
     make_user_factory,
+    pad_id_of,
+    ray_job,
+    reference_kwargs,
     sft_warm_up,
+    trainer_config,
 )
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
 
 _MEGATRON = "a Megatron setting; the torch backend does not act on it"
 _ONE_PROCESS = (
-    "apps/tau trains in one process on one device; Ray trainer groups, colocation and "
-    "multi-node placement are not wired into the app yet"
+    "the local runner trains in one process on one device and starts the engines itself; "
+    "--runner ray places trainer ranks and engines"
 )
+PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
+"""Settings that only the Ray runner acts on."""
 NOT_HONOURED: dict[str, str] = {
     **dict.fromkeys(
         [
@@ -89,15 +100,8 @@ NOT_HONOURED: dict[str, str] = {
     "(`--resume --run-dir DIR`) and starts from --hf-checkpoint",
     "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
     "from the checkpoint's config.json",
-    **dict.fromkeys(
-        [
-            "cluster.actor_num_nodes",
-            "cluster.actor_num_gpus_per_node",
-            "cluster.colocate",
-            "cluster.train_memory_margin_bytes",
-        ],
-        _ONE_PROCESS,
-    ),
+    **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
+    "cluster.train_memory_margin_bytes": "no trainer checks a device-memory margin yet",
     "parallel.use_dynamic_batch_size": "token-budget micro-batches are not implemented in the "
     "torch path (it uses --micro-batch-size)",
     "parallel.max_tokens_per_gpu": "token-budget micro-batches are not implemented in the torch "
@@ -116,6 +120,8 @@ def not_honoured(config: TauAppConfig) -> list[str]:
     defaults, values = TauAppConfig().to_dict(), config.to_dict()
     lines = []
     for dotted, why in NOT_HONOURED.items():
+        if dotted in PLACED_BY_RAY and config.cluster.runner == "ray":
+            continue
         section, name = dotted.split(".")
         value = values[section][name]
         if value == defaults[section][name]:
@@ -188,24 +194,15 @@ def rollout_config(
 
 
 def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
-    """Launch the engines (blocking until healthy); stops those started if one fails."""
-    r, c = config.rollout, config.cluster
+    """Launch the local runner's engines (blocking until healthy); stops those started if one
+    fails."""
+    c = config.cluster
     if ready_python(c.device) is None:
         console.print(f"[yellow]creating the {c.device} engine environment (first use: minutes)...")
     servers: list[EngineServer] = []
     try:
         for _ in range(c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)):
-            spec = EngineSpec(
-                model=str(model),
-                device=c.device,
-                port=free_port(),
-                served_model_name="policy",
-                max_model_len=r.vllm_max_model_len or r.rollout_max_context_len,
-                tensor_parallel_size=c.rollout_num_gpus_per_engine,
-                gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
-                extra_args=list(r.engine_extra_args),
-            )
+            spec = dataclasses.replace(engine_spec(config, model), port=free_port())
             servers.append(EngineServer(spec, log_dir=run_dir / "logs").start())
     except BaseException:
         for server in servers:
@@ -273,14 +270,16 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         + ("  (resumed)" if resume else "")
     )
     phases, scalars = Phases(), Scalars(run_dir)
-    servers: list[EngineServer] = []
+    on_ray = config.cluster.runner == "ray" and command == "train"
     summary: dict[str, Any] = {
         "command": command,
         "preset": config.preset,
         "run_dir": str(run_dir),
         "algorithm": config.loop.algorithm,
+        "runner": "ray" if on_ray else "local",
     }
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(scalars.close)
         with phases("data"):
             data = load_tasks_and_domain(config.tau)
             tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
@@ -290,9 +289,11 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         with phases("model"):
             base = build_policy(config, run_dir, reuse=resume)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
-        engines = asyncio.get_running_loop().run_in_executor(
-            None, start_engines, config, base, run_dir
-        )
+        executor = asyncio.get_running_loop().run_in_executor
+        if on_ray:
+            ray_start = executor(None, stack.enter_context, ray_job(config, base, run_dir))
+        else:
+            engines = executor(None, start_engines, config, base, run_dir)
         try:
             if command == "train":
                 with phases("sft"):
@@ -303,19 +304,22 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
                 policy = base
         finally:
             with phases("engine start (rest)"):
-                servers = await engines
-        urls = [s.url for s in servers]
+                if on_ray:
+                    job: RayGRPORun | None = await ray_start
+                else:
+                    job, servers = None, await engines
+                    stack.callback(lambda: [server.stop() for server in servers])
+        if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
+            with phases("trainers start"):
+                await asyncio.to_thread(job.start_trainers, trainer_config(config, policy))
+        urls = list(job.engine_urls) if job is not None else [s.url for s in servers]
         if policy != base:
             await _reload(urls, policy, "0")
         summary.update(
             await _run_with_router(
-                command, config, data, tools, policy, urls, phases, scalars, run_dir, progress
+                command, config, data, tools, policy, urls, phases, scalars, run_dir, progress, job
             )
         )
-    finally:
-        for server in servers:
-            server.stop()
-        scalars.close()
     summary.update(wall_seconds=time.perf_counter() - start, phase_seconds=dict(phases.seconds))
     after = summary.get("after", summary.get("eval"))
     column = "after RL" if command == "train" else "evaluation"
@@ -343,6 +347,7 @@ async def _run_with_router(
     scalars: Scalars,
     run_dir: Path,
     progress: dict[str, Any],
+    job: RayGRPORun | None = None,
 ) -> dict[str, Any]:
     r = config.rollout
     breaker = 10**9 if r.router_disable_circuit_breaker else 3
@@ -405,7 +410,7 @@ async def _run_with_router(
             (run_dir / PROGRESS).write_text(json.dumps(progress, indent=2) + "\n")
         with phases("rl"):
             out.update(
-                await _train(config, data, policy, urls, episodes, scalars, run_dir, during_rl)
+                await _train(config, data, policy, urls, episodes, scalars, run_dir, during_rl, job)
             )
         out["after"] = await held_out("eval after RL", out["steps"])
         out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
@@ -422,8 +427,9 @@ async def _train(
     scalars: Scalars,
     run_dir: Path,
     evaluate: EvalFn,
+    job: RayGRPORun | None = None,
 ) -> dict[str, Any]:
-    trainer, reference, pad_id = make_trainer(config, policy)
+    """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``)."""
     r = config.rollout
     generate = (
         load_function(r.custom_generate_function_path)
@@ -445,19 +451,39 @@ async def _train(
             scalars.samples(step, shown)
         console.print(step_line(step, total, metrics))
 
-    loop = GRPOLoop(
-        config.loop,
-        trainer,
-        data.train,
-        generate_and_keep,
-        reward,
-        weight_sync=DiskWeightSync(urls, run_dir / "weights"),
-        pad_id=pad_id,
-        reference=reference,
-        on_metrics=on_metrics,
-        evaluate=evaluate,
-        checkpoint_dir=str(run_dir / "checkpoints"),
-    )
+    hooks: dict[str, Any] = {
+        "on_metrics": on_metrics,
+        "evaluate": evaluate,
+        "checkpoint_dir": str(run_dir / "checkpoints"),
+    }
+    if job is None:
+        trainer, reference, pad_id = make_trainer(config, policy)
+        weight_sync = DiskWeightSync(urls, run_dir / "weights")
+        loop = GRPOLoop(
+            config.loop,
+            trainer,
+            data.train,
+            generate_and_keep,
+            reward,
+            weight_sync=weight_sync,
+            pad_id=pad_id,
+            reference=reference,
+            **hooks,
+        )
+    else:
+        assert job.trainers is not None
+        ref = reference_kwargs(config, policy)
+        ray_reference = None if ref is None else job.trainers.build_reference(**ref)
+        loop = job.make_loop(
+            config.loop,
+            data.train,
+            generate_and_keep,
+            reward,
+            pad_id=pad_id_of(policy),
+            sync_root=run_dir / "weights",
+            reference=ray_reference,
+            **hooks,
+        )
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     if checkpoint is not None:  # only a resumed run's folder has checkpoints already
         done = await loop.resume(checkpoint)

@@ -13,14 +13,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from turnrl.grpo_core.loop.placement import PlacementConfig, plan_placement
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.sft import (
     SFTConfig,
@@ -31,6 +34,7 @@ from turnrl.grpo_core.training.sft import (
 )
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
 from turnrl_app_tau.config import TauAppConfig, TauSettings
 from turnrl_app_tau.data import (
@@ -41,6 +45,9 @@ from turnrl_app_tau.data import (
     store_conversations,
 )
 from turnrl_app_tau.report import console
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
 
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
@@ -234,11 +241,9 @@ def sft_lr(settings: TauSettings, step: int) -> float:
     return settings.sft_lr * warm * (0.1 + 0.9 * cosine)
 
 
-def make_trainer(
-    config: TauAppConfig, policy: Path
-) -> tuple[TorchEngine, ReferencePolicy | None, int]:
-    """The GRPO trainer from ``policy``, the reference policy (KL loss on) and the pad id."""
-    engine_config = TorchEngineConfig(
+def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
+    """What every GRPO trainer (the local one, or each Ray rank) builds from ``policy``."""
+    return TorchEngineConfig(
         model_path=str(policy),
         dtype=config.model.dtype,  # type: ignore[arg-type]
         optimizer=config.optimizer,
@@ -247,16 +252,102 @@ def make_trainer(
         temperature=config.rollout.rollout_temperature,
         seed=config.seed,
     )
-    trainer = TorchEngine(engine_config)
-    reference = None
-    if config.loss.use_kl_loss:
-        reference = ReferencePolicy(
-            config.model.ref_load or policy,
-            micro_batch_size=config.parallel.micro_batch_size,
-            temperature=config.rollout.rollout_temperature,
-        )
+
+
+def reference_kwargs(config: TauAppConfig, policy: Path) -> dict[str, Any] | None:
+    """The reference policy's settings when the KL loss is on, else None."""
+    if not config.loss.use_kl_loss:
+        return None
+    return {
+        "model_path": config.model.ref_load or policy,
+        "micro_batch_size": config.parallel.micro_batch_size,
+        "temperature": config.rollout.rollout_temperature,
+    }
+
+
+def pad_id_of(policy: Path) -> int:
+    """The tokenizer's pad id (0 when it has none)."""
     pad_id = _tokenizer(policy).pad_token_id
-    return trainer, reference, int(pad_id if pad_id is not None else 0)
+    return int(pad_id if pad_id is not None else 0)
+
+
+def make_trainer(
+    config: TauAppConfig, policy: Path
+) -> tuple[TorchEngine, ReferencePolicy | None, int]:
+    """The local GRPO trainer from ``policy``, the reference policy (KL loss on), the pad id."""
+    trainer = TorchEngine(trainer_config(config, policy))
+    ref = reference_kwargs(config, policy)
+    reference = None if ref is None else ReferencePolicy(ref.pop("model_path"), **ref)
+    return trainer, reference, pad_id_of(policy)
+
+
+def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
+    """One inference engine serving ``model`` (the port is chosen where it starts)."""
+    r, c = config.rollout, config.cluster
+    return EngineSpec(
+        model=str(model),
+        device=c.device,
+        served_model_name="policy",
+        max_model_len=r.vllm_max_model_len or r.rollout_max_context_len,
+        tensor_parallel_size=c.rollout_num_gpus_per_engine,
+        gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+        cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
+        extra_args=list(r.engine_extra_args),
+    )
+
+
+def placement_config(config: TauAppConfig) -> PlacementConfig:
+    """Trainer ranks and engines of the Ray runner, from the cluster flags."""
+    c = config.cluster
+    return PlacementConfig(
+        actor_num_nodes=c.actor_num_nodes,
+        actor_num_gpus_per_node=c.actor_num_gpus_per_node,
+        rollout_num_gpus=max(1, c.rollout_num_gpus),
+        rollout_num_gpus_per_engine=c.rollout_num_gpus_per_engine,
+        colocate=c.colocate,
+        accelerator=ACCELERATOR_OF[c.device],
+    )
+
+
+ACCELERATOR_OF: dict[str, Any] = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
+"""``--device`` -> the Ray resource one device is."""
+
+
+@contextlib.contextmanager
+def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Iterator[RayGRPORun]:
+    """grpo-core's RayGRPORun with its engines serving ``model`` started (the trainer ranks
+    are started later, ``job.start_trainers``, from the SFT policy); all stopped at exit.
+
+    Connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray sized to the
+    placement (and stops it after).
+    """
+    from turnrl.grpo_core.loop.ray_actors import EngineLaunch, require_ray
+    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
+
+    # Set before Ray is imported, which reads it: the actors reuse this environment as it is.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray = require_ray()
+    placement = placement_config(config)
+    started = not ray.is_initialized()
+    if started:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine only
+            bundles = plan_placement(placement).num_bundles
+            ray.init(num_cpus=bundles, include_dashboard=False, log_to_driver=False)
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if config.model.torch_threads:
+        env["OMP_NUM_THREADS"] = str(config.model.torch_threads)
+    launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(run_dir / "logs"))
+    job = RayGRPORun(placement, None, launch, env=env)
+    try:
+        job.start_engines()
+        yield job
+    finally:
+        job.shutdown()
+        if started:
+            ray.shutdown()
 
 
 def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[[], UserSimulator]:

@@ -52,6 +52,8 @@ __all__ = [
     "SupervisionError",
     "adopt_orphans",
     "descendants",
+    "exit_when_orphaned",
+    "group_alive",
     "install_signal_handlers",
     "kill_descendants",
     "run_contained",
@@ -176,7 +178,7 @@ def _live_members_from_proc(pgid: int) -> bool | None:
     return False
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Whether a running (non-zombie) process is left in process group ``pgid``.
 
     Zombies are ignored: an orphaned grandchild that died is re-parented to init, which
@@ -314,7 +316,7 @@ class ManagedProcess:
             # Never wait() without a timeout: Popen's blocking wait is not re-entrant,
             # and this may run again inside a signal handler.
             self._popen.poll()
-            if self._popen.returncode is not None and not _group_alive(self.pid):
+            if self._popen.returncode is not None and not group_alive(self.pid):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -359,7 +361,7 @@ class ManagedProcess:
             if not self._stopped:
                 self._stopped = True
                 try:
-                    if self._popen.poll() is None or _group_alive(self.pid):
+                    if self._popen.poll() is None or group_alive(self.pid):
                         _signal_group(self.pid, signal.SIGKILL)
                         self._wait_gone(_KILL_WAIT_S)
                 finally:
@@ -368,7 +370,7 @@ class ManagedProcess:
 
     def _terminate_group(self, grace: float) -> None:
         pgid = self.pid  # start_new_session=True: the child leads its own group
-        if self._popen.poll() is None or _group_alive(pgid):
+        if self._popen.poll() is None or group_alive(pgid):
             _signal_group(pgid, signal.SIGTERM)
             if self._wait_gone(grace):
                 return
@@ -657,3 +659,18 @@ if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] != "--":
         sys.exit("usage: python -m turnrl.npu_runtime.supervise -- CMD [ARG ...]")
     sys.exit(run_contained(sys.argv[2:]))
+
+
+async def exit_when_orphaned(parent_pid: int, interval: float = 1.0) -> None:
+    """SIGTERM this process once ``parent_pid`` is no longer its parent (the parent died).
+
+    For servers a process starts for itself (``--parent-pid``): killed without a chance to
+    stop them (SIGKILL, a crash, a test runner's timeout), it would leave them running.
+    Polling ``getppid`` works whichever thread started the child (the kernel's parent-death
+    signal follows the starting thread, not the process).
+    """
+    if parent_pid <= 0:
+        raise ValueError(f"parent_pid must be > 0, got {parent_pid}")
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(interval)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -358,16 +358,42 @@ class RayGRPORun:
 
     def start(self) -> RayGRPORun:
         """Reserve the placement, start and join the trainers, start the engines."""
-        self.placement.start()
+        self.start_trainers()
+        self.start_engines()
+        return self
+
+    def _reserve(self) -> None:
+        if self.placement.pg is None:
+            self.placement.start()
+
+    def start_trainers(self, trainer: Any = None) -> RayTrainerGroup:
+        """Reserve the placement if not yet, start and join the trainer ranks.
+
+        Args:
+            trainer: The ``TorchEngineConfig`` to build (default: the one given at init), e.g.
+                a model that exists only once the engines are up (an SFT stage between).
+        """
+        if self.trainers is not None:
+            raise RuntimeError("the trainers are already started")
         try:
-            self.placement.start_trainers(self.trainer_config)
+            self._reserve()
+            self.placement.start_trainers(trainer if trainer is not None else self.trainer_config)
             self.trainers = RayTrainerGroup(self.placement, self.call_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        return self.trainers
+
+    def start_engines(self) -> list[str]:
+        """Reserve the placement if not yet, start the engines (none without ``launch``)."""
+        try:
+            self._reserve()
             if self.launch is not None:
                 self.engine_urls = self.placement.start_engines(self.launch)
         except BaseException:
             self.shutdown()
             raise
-        return self
+        return self.engine_urls
 
     def make_loop(
         self,

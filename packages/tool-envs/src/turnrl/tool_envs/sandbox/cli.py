@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         help="first run uid (default 2,000,000 + port x 1024, so servers on other ports never "
         "share uids)",
     )
+    serve.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="stop when this process ends (the embedded sandbox passes its own)",
+    )
     return parser
 
 
@@ -75,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             python_mode=args.python_mode,
             config=config,
             insecure=args.insecure,
+            parent_pid=args.parent_pid,
         )
     except (ValueError, ContainmentError) as exc:
         sys.exit(f"turnrl-sandbox: {exc}")

@@ -50,6 +50,8 @@ class EmbeddedSandbox:
             "127.0.0.1",
             "--port",
             str(self.port),
+            "--parent-pid",
+            str(os.getpid()),
             *self.extra_args,
         ]
         env = {k: v for k, v in os.environ.items() if k != "TURNRL_SANDBOX_TOKEN"}

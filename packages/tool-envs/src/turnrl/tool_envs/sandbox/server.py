@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
@@ -393,8 +394,9 @@ def serve(
     python_mode: str = "fork",
     config: SandboxLimits | None = None,
     insecure: bool = False,
+    parent_pid: int | None = None,
 ) -> None:
-    """Run the server until interrupted."""
+    """Run the server until interrupted (or, with ``parent_pid``, until that process ends)."""
     check_bind(host, token)
     server = SandboxServer(
         config,
@@ -404,4 +406,14 @@ def serve(
         python_mode=python_mode,
         insecure=insecure,
     )
-    web.run_app(server.app(), host=host, port=port, access_log=None, print=None)
+    app = server.app()
+    if parent_pid is not None:
+        from turnrl.npu_runtime.supervise import exit_when_orphaned
+
+        async def watch_parent(app: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(exit_when_orphaned(parent_pid))
+            yield
+            task.cancel()
+
+        app.cleanup_ctx.append(watch_parent)
+    web.run_app(app, host=host, port=port, access_log=None, print=None)
