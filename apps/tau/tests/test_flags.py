@@ -63,7 +63,7 @@ def test_every_flag_is_read_by_the_app_or_refused() -> None:
 @pytest.mark.parametrize("dotted", sorted(NOT_HONOURED))
 def test_a_setting_the_torch_path_cannot_honour_stops_the_run_naming_its_flag(dotted: str) -> None:
     words = _other_value(dotted)
-    config = resolve(words, {}).config
+    config = resolve([*words, "--runner", "local"], {}).config
     with pytest.raises(ValueError, match="cannot honour") as refused:
         check_supported(config)
     assert words[0] in str(refused.value)
@@ -97,7 +97,7 @@ def test_a_device_setting_is_refused_only_where_the_device_cannot_honour_it() ->
 @pytest.mark.parametrize("dotted", PLACED_BY_RAY)
 def test_placement_flags_act_on_the_ray_runner_only(dotted: str) -> None:
     words = _other_value(dotted)
-    assert not_honoured(resolve(words, {}).config)  # the local runner refuses them
+    assert not_honoured(resolve([*words, "--runner", "local"], {}).config)  # refused there
     assert not not_honoured(resolve([*words, "--runner", "ray"], {}).config)
 
 

@@ -371,10 +371,13 @@ def cpu_default() -> TauAppConfig:
     out) and SFT adds one other generated store (600 conversations). RL is GRPO: the 0/1
     task reward normalised within each group of 4 (mean and std), 40 steps at lr 1e-4.
     Held-out: 40 tasks x 8 sampled trials at the rollout temperature (the policy RL trains).
+    GRPO runs on the Ray runner, as the real presets do: a local Ray, one trainer rank and
+    one engine as Ray actors.
     """
     return TauAppConfig(
         preset="cpu-default",
         model=ModelConfig(tiny_hidden_size=128, tiny_num_layers=2),
+        cluster=ClusterConfig(runner="ray"),
         parallel=ParallelConfig(micro_batch_size=4, seq_length=4096),
         loop=LoopConfig(
             num_rollout=40,

@@ -336,9 +336,10 @@ def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Iterator[RayGRP
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine only
             bundles = plan_placement(placement).num_bundles
             ray.init(num_cpus=bundles, include_dashboard=False, log_to_driver=False)
-    env = {"TOKENIZERS_PARALLELISM": "false"}
-    if config.model.torch_threads:
-        env["OMP_NUM_THREADS"] = str(config.model.torch_threads)
+    # Ray gives a 1-CPU actor one OpenMP thread; the trainer gets the local runner's count
+    # (--torch-threads, else torch's default of one per core).
+    threads = config.model.torch_threads or os.cpu_count() or 1
+    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(run_dir / "logs"))
     job = RayGRPORun(placement, None, launch, env=env)
     try:

@@ -1,0 +1,102 @@
+"""GRPO step time of apps/tau through the Ray runner against the local one, in one run (JSON out).
+
+The same app config runs twice, one runner after the other, from the same starting weights
+(``--hf-checkpoint``, SFT off, so both RL phases start equal): ``--runner local`` (one
+in-process TorchEngine, engines started by the app) and ``--runner ray`` (grpo-core's
+RayGRPORun: a local Ray, the trainer rank and the engine as Ray actors). For each: the mean
+of ``perf/step_s`` and of its parts (rollout, train, sync) over the steps after the first
+(warm-up), and the start-up phases; then the ratio ray / local of the mean step time.
+
+Usage (an SFT model from any tau run, e.g. ``runs/tau-.../model/sft``)::
+
+    python benchmarks/ray_runner.py --hf-checkpoint RUN/model/sft [--num-rollout 8] \\
+        [--out docs/benchmarks/ray_runner.json] [-- more app flags]
+
+Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``).
+Run it on a quiet machine: rollouts dominate a step and share the cores with everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+APP = Path(__file__).resolve().parents[1] / "apps" / "tau"
+PARTS = ("perf/step_s", "perf/rollout_s", "perf/train_s", "perf/sync_s")
+STARTUP = ("engine start (rest)", "trainers start", "rl")
+
+
+def run_app(runner: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """One app run; its summary.json, with the wall time of the whole process."""
+    cmd = [
+        sys.executable,
+        str(APP),
+        "--runner",
+        runner,
+        "--run-dir",
+        str(run_dir),
+        "--hf-checkpoint",
+        args.hf_checkpoint,
+        "--sft-steps",
+        "0",
+        "--num-rollout",
+        str(args.num_rollout),
+        "--seed",
+        str(args.seed),
+        *args.app_flags,
+    ]
+    began = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if proc.returncode:
+        sys.exit(
+            f"{runner} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    summary["process_seconds"] = wall
+    return summary
+
+
+def step_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """Means over the steps after the first, and the start-up phases (seconds)."""
+    steps = summary["train_history"][1:]
+    out = {f"mean {key}": statistics.fmean(s[key] for s in steps) for key in PARTS}
+    out["steps averaged"] = len(steps)
+    for phase in STARTUP:
+        out[f"phase {phase}"] = summary["phase_seconds"].get(phase, 0.0)
+    out["process seconds"] = summary["process_seconds"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hf-checkpoint", required=True, help="starting weights of both runs")
+    parser.add_argument("--num-rollout", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("app_flags", nargs="*", help="more flags for both runs (after --)")
+    args = parser.parse_args()
+    if args.num_rollout < 2:
+        sys.exit("--num-rollout must be >= 2 (the first step is warm-up)")
+    results: dict[str, Any] = {"num_rollout": args.num_rollout, "app_flags": args.app_flags}
+    with tempfile.TemporaryDirectory() as tmp:
+        for runner in ("local", "ray"):
+            results[runner] = step_figures(run_app(runner, args, Path(tmp) / runner))
+    results["ratio ray/local mean perf/step_s"] = (
+        results["ray"]["mean perf/step_s"] / results["local"]["mean perf/step_s"]
+    )
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
