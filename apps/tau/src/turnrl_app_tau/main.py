@@ -102,12 +102,15 @@ NOT_HONOURED: dict[str, str] = {
     "from the checkpoint's config.json",
     **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
     "cluster.train_memory_margin_bytes": "no trainer checks a device-memory margin yet",
-    "parallel.use_dynamic_batch_size": "token-budget micro-batches are not implemented in the "
-    "torch path (it uses --micro-batch-size)",
-    "parallel.max_tokens_per_gpu": "token-budget micro-batches are not implemented in the torch "
-    "path (it uses --micro-batch-size)",
-    "parallel.attention_dropout": "the torch path keeps the checkpoint's own dropout",
-    "parallel.hidden_dropout": "the torch path keeps the checkpoint's own dropout",
+    **dict.fromkeys(
+        ["parallel.use_dynamic_batch_size", "parallel.max_tokens_per_gpu"],
+        "token-budget micro-batches are not implemented in the torch path (it uses "
+        "--micro-batch-size)",
+    ),
+    **dict.fromkeys(
+        ["parallel.attention_dropout", "parallel.hidden_dropout"],
+        "the torch path keeps the checkpoint's own dropout",
+    ),
     "parallel.optimizer_name": "AdamW (adam) is the only optimizer",
     "parallel.lr_decay_style": "the RL learning rate is constant after its warm-up",
     "tau.input_key": "tasks are read by index from the tau-bench data",
