@@ -45,13 +45,22 @@ GOLDEN_METRICS = ("train/loss", "rollout/reward_mean", "train/grad_norm")
 """Per-step metrics kept in the golden file."""
 RTOL = 1e-4
 """Relative tolerance of the golden comparison on the kind of CPU that wrote the file
-(``cpu`` in the record): room for torch releases, whose float sums differ ~1e-6 here."""
+(``cpu`` in the record). The run is sized so that this holds against kernel-level
+differences: perturbing every initial weight by :data:`KERNEL_NOISE` (relative) moves
+no metric beyond it (``tests/test_loop_golden.py`` checks that). At lr 1e-2 the toy
+amplified 1e-7 perturbations to 1e-2 by step 5, and two CPUs reporting the same
+``cpu_kind`` disagreed at 5e-3 (a CI failure); at lr 3e-3 a 1e-6 perturbation stays
+within :data:`ATOL` on the loss and 5e-6 relative on the grad norm."""
+KERNEL_NOISE = 1e-6
+"""Relative weight perturbation the golden tolerance must absorb (float32 kernels that sum
+in another order differ by ~1e-7 per operation)."""
 CROSS_MACHINE_RTOL = 1e-2
 """Relative tolerance against a golden written on another kind of CPU (other ATen kernels,
-AVX-512 with or without AMX / bf16): the lr 1e-2 toy updates amplify their ~1e-7
-differences to up to 5e-3 by step 5 (measured between two 2-core CI machines)."""
-ATOL = 1e-6
-"""Absolute tolerance of the golden comparison (for values near 0)."""
+AVX-512 with or without AMX / bf16)."""
+ATOL = 1e-5
+"""Absolute tolerance of the golden comparison. It rules for the loss, a mean of terms of
+order 1 that nearly cancel (GRPO advantages sum to zero per group), so that its error is
+absolute: a 1e-6 weight perturbation moved a loss of 3e-3 by 1.5e-6."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +83,9 @@ class ToyRunConfig:
     """Samples per optimizer step (two updates per step)."""
     response_len: int = 4
     """Tokens per response."""
-    lr: float = 1e-2
-    """AdamW learning rate (large, so the curve moves within a few steps)."""
+    lr: float = 3e-3
+    """AdamW learning rate: large enough that the reward rises within five steps, small
+    enough that kernel-level differences are not amplified past :data:`RTOL`."""
 
     def trainer_config(self, model_folder: str | Path) -> TorchEngineConfig:
         """The toy run's trainer settings for the model in ``model_folder``."""
@@ -246,14 +256,29 @@ def golden_rtol(golden: dict[str, Any], run: dict[str, Any]) -> float:
     return float(golden.get("tolerance", {}).get("rtol", RTOL))
 
 
-def run_golden(workdir: str | Path, config: ToyRunConfig | None = None) -> dict[str, Any]:
-    """Run the toy task deterministically; returns the record a golden file holds."""
+def run_golden(
+    workdir: str | Path, config: ToyRunConfig | None = None, weight_noise: float = 0.0
+) -> dict[str, Any]:
+    """Run the toy task deterministically; returns the record a golden file holds.
+
+    Args:
+        workdir: Where the tiny model is written.
+        config: The run's settings (default: the golden run's).
+        weight_noise: Multiply every initial weight by ``1 + weight_noise * N(0, 1)``
+            (seeded): a stand-in for another machine's kernels, to check the tolerance.
+    """
     import asyncio
 
     config = config or ToyRunConfig()
     folder = build_tiny_model(Path(workdir) / "model", TinyModelConfig(seed=config.model_seed))
     with deterministic_torch():
         loop = build_toy_loop(folder, config)
+        if weight_noise:
+            noise = torch.Generator().manual_seed(config.seed)
+            with torch.no_grad():
+                for param in loop.trainer.hf_model.parameters():
+                    scale = torch.randn(param.shape, generator=noise).to(param.device)
+                    param.mul_(1 + weight_noise * scale)
         history = asyncio.run(loop.run())
     kind = device_kind()
     return {
