@@ -3,7 +3,8 @@
 Rules (see DESIGN.md):
 - npu-runtime and rewards import no other turnrl package;
 - rollout-router imports only npu-runtime (which has no dependencies);
-- tool-envs and grpo-core import only npu-runtime and rollout-router (the engine records);
+- tool-envs imports only npu-runtime, rollout-router (the engine records) and rewards (the
+  tau-bench reward rule); grpo-core only npu-runtime and rollout-router;
 - rewards and tool-envs never import torch;
 - torch.cuda, torch.npu and torch_npu appear only in npu-runtime;
 - no package imports an app; no src/turnrl/__init__.py (PEP 420 namespace).
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
     "npu_runtime": set(),
     "rewards": set(),
-    "tool_envs": {"npu_runtime", "rollout_router"},
+    "tool_envs": {"npu_runtime", "rollout_router", "rewards"},
     "rollout_router": {"npu_runtime"},
     "grpo_core": {"npu_runtime", "rollout_router"},
 }

@@ -33,6 +33,7 @@ from turnrl_app_tau.main import rollout_config, tool_schemas
 from turnrl_app_tau.training import prefix, sft_lr
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
+from turnrl.rewards.tau import TauRewardInput
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.trajectory import Trajectory
 
@@ -107,14 +108,12 @@ async def test_gold_replay_earns_full_reward(chat: ChatTokenizer) -> None:
 async def test_reward_hook_normalises_by_group_max() -> None:
     def traj(group: str, hashes: tuple[str, str], calls: int) -> Trajectory:
         t = Trajectory([1], [2], [1], [-0.1], group_id=group)
-        t.metadata["tau"] = {
-            "final_data_hash": hashes[0],
-            "gt_data_hash": hashes[1],
-            "outputs": [],
-            "agent_messages": [],
-            "num_well_formed_tool_calls": calls,
-            "num_successful_tool_calls": calls,
-        }
+        t.metadata["tau"] = TauRewardInput(
+            final_data_hash=hashes[0],
+            gt_data_hash=hashes[1],
+            num_well_formed_tool_calls=calls,
+            num_successful_tool_calls=calls,
+        )
         return t
 
     samples = [

@@ -68,9 +68,10 @@ async def test_gold_episode_gets_reward_one(synthetic):
     final = await env.step({"role": "assistant", "content": "Anything else?"})
     assert final.done and final.info["done_reason"] == "user_stop"
     inputs = final.info["reward_inputs"]
-    assert inputs["data_hash"] == inputs["gt_data_hash"] == env.data_hash()
-    assert inputs["agent_messages"] == ["Your order is cancelled.", "Anything else?"]
-    assert env.reward()["reward"] == 1.0
+    assert inputs.final_data_hash == inputs.gt_data_hash == env.data_hash()
+    assert inputs.agent_messages == ("Your order is cancelled.", "Anything else?")
+    assert inputs.num_well_formed_tool_calls == inputs.num_successful_tool_calls == 3
+    assert env.reward().reward == 1.0
     assert final.info["episode_tool_calls"] == {
         "ok": 3,
         "failed": 0,
@@ -91,7 +92,7 @@ async def test_wrong_write_gets_reward_zero_and_reset_restores_data(synthetic):
     await env.step(turn(call("cancel_pending_order", {**gold, "reason": other[gold["reason"]]})))
     assert env.data_hash() != pristine
     result = await env.step({"role": "assistant", "content": "done"})
-    assert result.done and env.reward()["reward"] == 0.0
+    assert result.done and env.reward().reward == 0.0
     await env.reset(task)
     assert env.data_hash() == pristine
 
@@ -103,12 +104,10 @@ async def test_outputs_must_be_said_to_the_user(synthetic):
         await env.reset(task)
         result = await env.step({"role": "assistant", "content": message})
         assert result.done
-        assert env.reward() == {
-            "reward": expected,
-            "r_actions": 1.0,
-            "r_outputs": expected,
-            "outputs": {task.outputs[0]: bool(expected)},
-        }
+        reward = env.reward()
+        assert reward.reward == expected
+        assert reward.breakdown["r_actions"] == 1.0 and reward.breakdown["r_outputs"] == expected
+        assert reward.breakdown["outputs"] == {task.outputs[0]: bool(expected)}
 
 
 async def test_transfer_ends_the_episode_and_skips_later_calls(synthetic):

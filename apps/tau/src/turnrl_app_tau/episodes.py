@@ -62,7 +62,7 @@ class TauEpisodes:
             group_id=group_id,
             sample_index=index,
         )
-        traj.metadata["tau"] = episode_reward_inputs(env, traj)
+        traj.metadata["tau"] = episode_reward_inputs(env)
         return traj
 
     async def run(
@@ -86,28 +86,17 @@ class TauEpisodes:
         return await self.run(items)
 
 
-def episode_reward_inputs(env: TauEnv, traj: Trajectory) -> dict[str, Any] | None:
-    """Plain values the tau reward needs, read from a finished episode's environment."""
-    if env.task is None:  # reset never happened (the episode failed first)
-        return None
-    counts = traj.metadata.get("env_info", {}).get("episode_tool_calls", {})
-    well_formed = int(counts.get("well_formed", 0))
-    return {
-        "final_data_hash": env.data_hash(),
-        "gt_data_hash": env.gt_hash(),
-        "outputs": list(env.task.outputs),
-        "agent_messages": list(env.agent_messages),
-        "num_well_formed_tool_calls": well_formed,
-        "num_successful_tool_calls": min(int(counts.get("ok", 0)), well_formed),
-    }
+def episode_reward_inputs(env: TauEnv) -> TauRewardInput | None:
+    """The tau reward's input from a finished episode's environment (None: never reset)."""
+    return None if env.task is None else env.reward_inputs()
 
 
 def score(traj: Trajectory, shaped: bool) -> tuple[float, float]:
     """(reward, 0/1 task reward) of one episode; failed or reset-less episodes score 0."""
     inputs = traj.metadata.get("tau")
-    if not inputs or traj.status == "failed":
+    if inputs is None or traj.status == "failed":
         return 0.0, 0.0
-    result = tau_reward(TauRewardInput(**inputs), SHAPING if shaped else None)
+    result = tau_reward(inputs, SHAPING if shaped else None)
     task = float(result.breakdown.get("task_reward", result.reward))
     return float(result.reward), task
 

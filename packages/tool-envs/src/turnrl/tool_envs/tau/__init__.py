@@ -21,7 +21,6 @@ from turnrl.tool_envs.tau.db import (
 )
 from turnrl.tool_envs.tau.domain import Replay, TauDomain
 from turnrl.tool_envs.tau.env import STOP_MARKER, TauEnv, TauEnvConfig
-from turnrl.tool_envs.tau.reward import tau_reward
 from turnrl.tool_envs.tau.tasks import (
     Action,
     Task,
@@ -48,6 +47,5 @@ __all__ = [
     "load_tasks_jsonl",
     "load_tasks_py",
     "reference_data_hash",
-    "tau_reward",
     "to_hashable",
 ]

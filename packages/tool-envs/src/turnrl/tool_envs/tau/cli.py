@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from turnrl.rewards.tau import TauRewardInput, tau_reward
 from turnrl.tool_envs.tau.db import DataError
 from turnrl.tool_envs.tau.domain import TauDomain
-from turnrl.tool_envs.tau.reward import tau_reward
 from turnrl.tool_envs.tau.synth import generate, write
 from turnrl.tool_envs.tau.tasks import TaskFormatError, load_tasks
 
@@ -63,12 +63,13 @@ def replay_lines(
     for index, task in enumerate(tasks):
         replay = domain.replay(task.actions)
         gt = domain.gt_hash(task)
-        reward = tau_reward(replay.data_hash, gt, task.outputs, list(task.outputs))
+        outputs = tuple(task.outputs)  # the gold replay says each required output
+        reward = tau_reward(TauRewardInput(replay.data_hash, gt, outputs, outputs))
         line: dict[str, Any] = {
             "index": index,
             "data_hash": replay.data_hash,
             "gt_data_hash": gt,
-            "reward": reward["reward"],
+            "reward": reward.reward,
             "replay_errors": replay.errors,
         }
         if replay.unknown_actions:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from turnrl.rewards.result import Reward
+from turnrl.rewards.tau import TauRewardInput, tau_reward
 from turnrl.tool_envs.protocol import Message, StepResult, UserSimulator
 from turnrl.tool_envs.tau.domain import TauDomain
-from turnrl.tool_envs.tau.reward import tau_reward
 from turnrl.tool_envs.tau.tasks import Task
 from turnrl.tool_envs.tau.toolkit import RESPOND_ACTION, TRANSFER_TOOL
 from turnrl.tool_envs.tool_calls import ToolCall, from_openai_tool_calls
@@ -162,24 +163,23 @@ class TauEnv:
             raise RuntimeError("no task: call reset() first")
         return self.domain.gt_hash(self.task)
 
-    def reward_inputs(self) -> dict[str, Any]:
-        """What the tau reward needs, as plain values (hashes, outputs, agent messages)."""
+    def reward_inputs(self) -> TauRewardInput:
+        """What the tau reward needs from the episode so far (turnrl-rewards' typed input)."""
         if self.task is None:
             raise RuntimeError("no task: call reset() first")
-        return {
-            "domain": self.domain.name,
-            "data_hash": self.data_hash(),
-            "gt_data_hash": self.gt_hash(),
-            "outputs": list(self.task.outputs),
-            "agent_messages": list(self.agent_messages),
-        }
-
-    def reward(self) -> dict[str, Any]:
-        """tau-bench's reward of the episode so far (see :func:`tau_reward`)."""
-        inputs = self.reward_inputs()
-        return tau_reward(
-            inputs["data_hash"], inputs["gt_data_hash"], inputs["outputs"], inputs["agent_messages"]
+        well_formed = self._counts["well_formed"]
+        return TauRewardInput(
+            final_data_hash=self.data_hash(),
+            gt_data_hash=self.gt_hash(),
+            outputs=tuple(self.task.outputs),
+            agent_messages=tuple(self.agent_messages),
+            num_well_formed_tool_calls=well_formed,
+            num_successful_tool_calls=min(self._counts["ok"], well_formed),
         )
+
+    def reward(self) -> Reward:
+        """tau-bench's 0/1 reward of the episode so far (``turnrl.rewards.tau_reward``)."""
+        return tau_reward(self.reward_inputs())
 
 
 def _zero_counts() -> dict[str, int]:
