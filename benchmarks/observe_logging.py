@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from turnrl.grpo_core.loop.observe import StepLogger
-from turnrl.grpo_core.report import load_scalars, render_curves
+from turnrl.grpo_core.observe.logger import StepLogger
+from turnrl.grpo_core.observe.report import load_scalars, render_curves
 
 NUM_STEPS = 200
 NUM_METRICS = 40

@@ -1,6 +1,6 @@
 """Router overhead: direct vs in-process router vs HTTP router vs sglang-router (JSON out).
 
-Fake engines (``turnrl.rollout_router.fake_engine``, answering instantly) run in their own
+Fake engines (``turnrl.rollout_router.testing``, answering instantly) run in their own
 processes on loopback. Measured side by side in one run, at concurrency 1, 16 and 64:
 
 - ``direct_client``: :class:`EngineClient` straight to one engine (token-in/out, streamed);
@@ -217,9 +217,7 @@ async def failover(args: argparse.Namespace, py: str) -> dict[str, object]:
     kinds = ["inproc_router", "turnrl_http"] + (["sglang_http"] if args.sglang_python else [])
     for kind in kinds:
         ports = [free_port(), free_port()]
-        engs = [
-            spawn([py, "-m", "turnrl.rollout_router.fake_engine", "--port", str(p)]) for p in ports
-        ]
+        engs = [spawn([py, "-m", "turnrl.rollout_router.testing", "--port", str(p)]) for p in ports]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         router_proc = None
         try:
@@ -294,9 +292,7 @@ async def start_http_router(
 async def run(args: argparse.Namespace) -> dict[str, object]:
     py = sys.executable
     ports = [free_port(), free_port()]
-    engines = [
-        spawn([py, "-m", "turnrl.rollout_router.fake_engine", "--port", str(p)]) for p in ports
-    ]
+    engines = [spawn([py, "-m", "turnrl.rollout_router.testing", "--port", str(p)]) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen[bytes]] = list(engines)
     try:

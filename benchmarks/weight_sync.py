@@ -25,9 +25,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync
 
 RECEIVER = Path(__file__).resolve().parents[1] / "packages/grpo-core/tests/collective_receiver.py"
 

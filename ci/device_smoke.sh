@@ -42,5 +42,5 @@ uv run --package turnrl-rollout-router python -m turnrl.rollout_router.engine_en
 # torch_npu matching the image's torch (`--with torch-npu==...`).
 # shellcheck disable=SC2086  # both are lists of flags on purpose
 timeout 480 uv run --package turnrl-grpo-core ${SMOKE_UV_ARGS:-} \
-  python -m turnrl.grpo_core.smoke ${SMOKE_ARGS:-}
+  python -m turnrl.grpo_core.testing.smoke ${SMOKE_ARGS:-}
 echo "device_smoke: done in $(( $(date +%s) - start )) s" >&2

@@ -40,7 +40,7 @@ def test_generated_datasets_keep_heldout_apart() -> None:
 def test_sft_stops_at_the_probe_target_or_the_time_bound(tmp_path: Path) -> None:
     from turnrl_app_retool.main import build_base_model, run_sft_stage
 
-    from turnrl.grpo_core.loop.observe import StepLogger
+    from turnrl.grpo_core.observe.logger import StepLogger
 
     flags = ["--sft-steps", "6", "--sft-probe-target", "1", "--sft-probe-interval", "2"]
     config, _ = resolve(["--smoke", *flags])

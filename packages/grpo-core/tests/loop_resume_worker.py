@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import latest_checkpoint
-from turnrl.grpo_core.loop.golden import (
+from turnrl.grpo_core.testing.golden import (
     ToyRunConfig,
     ToySample,
     build_toy_loop,

@@ -19,15 +19,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from turnrl.grpo_core.loop import WeightSyncError
-from turnrl.grpo_core.loop.collective_sync import (
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.weight_sync import WeightSyncError
+from turnrl.grpo_core.weight_sync.collective import (
     CollectiveSyncConfig,
     CollectiveWeightSync,
     hf_weights,
     plan_buckets,
 )
-from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.client import EngineClient
 
 RECEIVER = Path(__file__).with_name("collective_receiver.py")
@@ -226,7 +226,7 @@ def test_config_rejects_bad_values(kw: dict[str, object], match: str) -> None:
 
 
 def test_transfer_groups_reject_bad_arguments() -> None:
-    from turnrl.grpo_core.loop.transfer_group import (
+    from turnrl.grpo_core.weight_sync.transfer_group import (
         NcclUniqueIdTransferGroup,
         TorchTransferGroup,
         load_nccl,
@@ -302,7 +302,7 @@ def test_rank_offsets_follow_workers_per_engine() -> None:
 
 FSDP_WORKER = """
 import asyncio, sys, torch, torch.distributed as dist
-from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync
 from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
 
 model, out, url = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -29,10 +29,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from turnrl.grpo_core.loop import transfer_group
-from turnrl.grpo_core.loop.collective_sync import BACKENDS, CollectiveSyncConfig
-from turnrl.grpo_core.loop.transfer_group import HcclTransferGroup, NcclUniqueIdTransferGroup
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.grpo_core.weight_sync import transfer_group
+from turnrl.grpo_core.weight_sync.collective import BACKENDS, CollectiveSyncConfig
+from turnrl.grpo_core.weight_sync.transfer_group import HcclTransferGroup, NcclUniqueIdTransferGroup
 from turnrl.rollout_router.client import EngineClient
 
 TESTS = Path(__file__).parent
@@ -42,8 +42,8 @@ CHILD = """
 import asyncio, json, sys
 sys.path.insert(0, sys.argv[1])
 import fake_npu_stack as fakes
-from turnrl.grpo_core.loop import WeightSyncError
-from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
+from turnrl.grpo_core.weight_sync import WeightSyncError
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync
 from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
 
 model, urls, bucket_mb = sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
-from turnrl.grpo_core.loop.golden import ToySample
 from turnrl.grpo_core.loop.loop import failure_reason, rollout_metrics
+from turnrl.grpo_core.testing.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 

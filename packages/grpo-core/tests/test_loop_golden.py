@@ -7,7 +7,7 @@ and grad norm on the kind of CPU that wrote the file (bit-identical on the same 
 ``golden.CROSS_MACHINE_RTOL`` (1e-2) on another kind (``golden.cpu_kind``). A second run
 with every weight perturbed by ``golden.KERNEL_NOISE`` must stay within the tight
 tolerance, so a machine whose kernels sum in another order does not fail the test.
-Update after an intended change: ``python -m turnrl.grpo_core.loop.golden --update``.
+Update after an intended change: ``python -m turnrl.grpo_core.testing.golden --update``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from turnrl.grpo_core.loop import golden
+from turnrl.grpo_core.testing import golden
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
@@ -38,7 +38,7 @@ def test_toy_run_matches_the_golden_curve(tmp_path: Path) -> None:
     if not path.is_file():
         pytest.skip(
             f"no golden loss curve for device kind {kind!r} ({path.name}); create it on such "
-            "a machine with `python -m turnrl.grpo_core.loop.golden --update`"
+            "a machine with `python -m turnrl.grpo_core.testing.golden --update`"
         )
     want = json.loads(path.read_text())
     threads = torch.get_num_threads()

@@ -1,6 +1,6 @@
 """GRPOLoop through Ray trainer actors (RayTrainerGroup / RayGRPORun) on two simulated nodes.
 
-The toy task of ``loop/golden.py`` runs three GRPO steps twice: once with one in-process
+The toy task of ``testing/golden.py`` runs three GRPO steps twice: once with one in-process
 TorchEngine (``golden.build_toy_loop``), once through :class:`RayGRPORun` (2 CPU trainer
 ranks, FSDP2 over gloo, on one node; two fake engines on the other node, synced through
 disk). Both sample with the same seeded sampler from the weights the engines would serve,
@@ -28,20 +28,21 @@ import torch
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-from turnrl.grpo_core.loop import golden
 from turnrl.grpo_core.loop.loop import GRPOLoop, latest_checkpoint
-from turnrl.grpo_core.loop.placement import PlacementConfig
-from turnrl.grpo_core.loop.ray_trainer import (
+from turnrl.grpo_core.placement.plan import PlacementConfig
+from turnrl.grpo_core.placement.trainer_group import (
     RayGRPORun,
     RayTrainerGroup,
     TrainerGroupError,
     reduce_train_metrics,
     shard_bounds,
 )
+from turnrl.grpo_core.testing import golden
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.policy import load_causal_lm
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.rollout_router.testing import ThreadedFakeEngine
 
 TOY = golden.ToyRunConfig(steps=3)
 """Three steps of the golden toy run (16 samples a step, two updates a step)."""
@@ -152,12 +153,15 @@ def ray_result(
     cluster: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RayRunResult]:
     """The three steps through 2 Ray trainer ranks and 2 fake engines, checkpoint at step 2."""
-    from turnrl.grpo_core.loop.ray_actors import EngineLaunch
+    from turnrl.grpo_core.placement.actors import EngineLaunch
     from turnrl.rollout_router.client import EngineClient
 
     work = tmp_path_factory.mktemp("ray-run")
     run = RayGRPORun(
-        PLACEMENT, TOY.trainer_config(tiny_model), EngineLaunch(fake=True), env=ACTOR_ENV
+        PLACEMENT,
+        TOY.trainer_config(tiny_model),
+        EngineLaunch(server=ThreadedFakeEngine),
+        env=ACTOR_ENV,
     ).start()
     try:
         loop = ray_loop(run, tiny_model, work, save_interval=2)
@@ -327,7 +331,7 @@ def test_reduce_train_metrics_weights_local_means_by_tokens() -> None:
 
 def test_bad_group_and_run_inputs_are_clear_errors() -> None:
     """No Ray needed: the checks run before anything is started."""
-    from turnrl.grpo_core.loop.ray_actors import RayPlacement
+    from turnrl.grpo_core.placement.actors import RayPlacement
 
     tiny_model_path = Path("not-loaded")  # nothing reads it before start()
 

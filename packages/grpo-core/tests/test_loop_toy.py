@@ -18,7 +18,7 @@ import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
-from turnrl.grpo_core.loop.golden import ToySample
+from turnrl.grpo_core.testing.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 

@@ -10,16 +10,15 @@ import torch
 from aiohttp import web
 
 from turnrl.grpo_core.loop import (
-    DiskWeightSync,
     LoopConfig,
     PromptIterator,
-    WeightSyncError,
     build_train_batch,
     load_function,
     sample_advantages,
     split_batch,
 )
 from turnrl.grpo_core.loop.loop import logprob_mismatch
+from turnrl.grpo_core.weight_sync import DiskWeightSync, WeightSyncError
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from turnrl.grpo_core.loop import observe
-from turnrl.grpo_core.loop.observe import (
+from turnrl.grpo_core.observe import logger as observe
+from turnrl.grpo_core.observe.logger import (
     StepLogger,
     format_step_line,
     progress,
@@ -161,7 +161,7 @@ def test_step_logger_rejects_bad_metrics_without_writing(tmp_path: Path) -> None
 
 
 def test_step_logger_records_the_phase_and_the_report_skips_it(tmp_path: Path) -> None:
-    from turnrl.grpo_core.report import load_scalars
+    from turnrl.grpo_core.observe.report import load_scalars
 
     with StepLogger(tmp_path, console=False, tensorboard=False) as log:
         log(1, {"sft/loss": 2.0}, phase="sft")

@@ -27,8 +27,8 @@ ray = pytest.importorskip("ray", reason="needs turnrl-grpo-core[ray]")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from turnrl.grpo_core.loop.placement import PlacementConfig  # noqa: E402
-from turnrl.grpo_core.loop.ray_actors import EngineLaunch, PlacementError, RayPlacement  # noqa: E402
+from turnrl.grpo_core.placement.actors import EngineLaunch, PlacementError, RayPlacement  # noqa: E402
+from turnrl.grpo_core.placement.plan import PlacementConfig  # noqa: E402
 from turnrl.grpo_core.training.batch import TrainBatch  # noqa: E402
 from turnrl.grpo_core.training.tiny_model import build_tiny_model  # noqa: E402
 from turnrl.grpo_core.training.torch_engine import (  # noqa: E402
@@ -39,6 +39,7 @@ from turnrl.grpo_core.training.torch_engine import (  # noqa: E402
 from turnrl.rollout_router.client import EngineClient  # noqa: E402
 from turnrl.rollout_router.engine import EngineSpec  # noqa: E402
 from turnrl.rollout_router.protocol import SamplingParams  # noqa: E402
+from turnrl.rollout_router.testing import ThreadedFakeEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +110,7 @@ def test_disaggregated_trainers_and_engines_on_separate_nodes(
     shards = [batch.select(slice(0, 2)), batch.select(slice(2, 4))]
     with RayPlacement(config, ready_timeout_s=60, env=ACTOR_ENV) as placement:
         placement.start_trainers(engine_config)
-        urls = placement.start_engines(EngineLaunch(fake=True))
+        urls = placement.start_engines(EngineLaunch(server=ThreadedFakeEngine))
         trainer_nodes, engine_nodes = placement.trainer_nodes, placement.engine_nodes
         metrics = [placement.trainer_call("train_step", shards, objective="sft") for _ in range(2)]
         logps = placement.trainer_call("compute_logprobs", [batch, batch])
@@ -148,7 +149,7 @@ def test_colocated_engines_share_the_trainers_node(cluster: Cluster) -> None:
     with RayPlacement(config, ready_timeout_s=60, env=ACTOR_ENV) as placement:
         assert placement.plan.num_bundles == 2
         placement.start_trainers()  # actors only: the engines are tested above
-        urls = placement.start_engines(EngineLaunch(fake=True))
+        urls = placement.start_engines(EngineLaunch(server=ThreadedFakeEngine))
         trainer_nodes, engine_nodes = placement.trainer_nodes, placement.engine_nodes
         generated = asyncio.run(generate_from(urls))
         free_cpus = ray.available_resources().get("CPU", 0.0)
@@ -178,7 +179,7 @@ def test_strict_spread_puts_one_bundle_per_node(cluster: Cluster) -> None:
     config = PlacementConfig(rollout_num_gpus=1, accelerator="CPU", strategy="STRICT_SPREAD")
     with RayPlacement(config, ready_timeout_s=30) as placement:
         nodes = [b.node_id for b in placement.bundles]
-        urls = placement.start_engines(EngineLaunch(fake=True))
+        urls = placement.start_engines(EngineLaunch(server=ThreadedFakeEngine))
         generated = asyncio.run(generate_from(urls))
     assert sorted(nodes) == sorted(all_node_ids())
     assert generated == [[6, 7, 8, 9]]

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnrl.grpo_core.loop.placement import (
+from turnrl.grpo_core.placement.plan import (
     COLOCATED_ENGINE_SHARE,
     COLOCATED_TRAINER_SHARE,
     PlacementConfig,
     plan_placement,
     resolve_accelerator,
 )
+from turnrl.rollout_router.testing import ThreadedFakeEngine
 
 
 def test_disaggregated_plan_gives_engines_their_own_bundles() -> None:
@@ -74,7 +75,7 @@ def test_accelerator_override_and_auto_resolution() -> None:
     assert resolve_accelerator("NPU") == "NPU"
     # auto asks turnrl.npu_runtime; forced to the CPU it must say CPU.
     code = (
-        "from turnrl.grpo_core.loop.placement import resolve_accelerator;"
+        "from turnrl.grpo_core.placement.plan import resolve_accelerator;"
         "print(resolve_accelerator('auto'))"
     )
     out = subprocess.run(
@@ -155,9 +156,9 @@ def test_loop_imports_without_ray_and_ray_part_names_the_extra() -> None:
     """With ray hidden, the loop and planner import; the Ray part says what to install."""
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "import turnrl.grpo_core.loop, turnrl.grpo_core.loop.placement\n"
-        "from turnrl.grpo_core.loop.placement import PlacementConfig\n"
-        "from turnrl.grpo_core.loop.ray_actors import RayPlacement\n"
+        "import turnrl.grpo_core.loop, turnrl.grpo_core.placement.plan\n"
+        "from turnrl.grpo_core.placement.plan import PlacementConfig\n"
+        "from turnrl.grpo_core.placement.actors import RayPlacement\n"
         "try:\n"
         "    RayPlacement(PlacementConfig(accelerator='CPU')).start()\n"
         "except ImportError as e:\n"
@@ -168,16 +169,16 @@ def test_loop_imports_without_ray_and_ray_part_names_the_extra() -> None:
 
 
 def test_engine_launch_needs_exactly_one_server_kind() -> None:
-    ray_actors = importlib.import_module("turnrl.grpo_core.loop.ray_actors")
+    ray_actors = importlib.import_module("turnrl.grpo_core.placement.actors")
     with pytest.raises(ValueError, match="exactly one of"):
         ray_actors.EngineLaunch()
     with pytest.raises(ValueError, match="exactly one of"):
-        ray_actors.EngineLaunch(spec=object(), fake=True)
-    assert ray_actors.EngineLaunch(fake=True).fake
+        ray_actors.EngineLaunch(spec=object(), server=ThreadedFakeEngine)
+    assert ray_actors.EngineLaunch(server=ThreadedFakeEngine).server is ThreadedFakeEngine
 
 
 def test_ray_placement_rejects_bad_timeout() -> None:
-    from turnrl.grpo_core.loop.ray_actors import RayPlacement
+    from turnrl.grpo_core.placement.actors import RayPlacement
 
     with pytest.raises(ValueError, match="ready_timeout_s must be > 0"):
         RayPlacement(PlacementConfig(accelerator="CPU"), ready_timeout_s=0)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from turnrl.grpo_core.loop.observe import StepLogger
-from turnrl.grpo_core.report import load_scalars, main, render_curves, select_tags
+from turnrl.grpo_core.observe.logger import StepLogger
+from turnrl.grpo_core.observe.report import load_scalars, main, render_curves, select_tags
 
 STEPS = 6
 
@@ -170,12 +170,12 @@ def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_console_script_is_declared_and_runs(run_dir: Path) -> None:
     (script,) = entry_points(group="console_scripts", name="turnrl-grpo")
-    assert script.value == "turnrl.grpo_core.report:main" and script.load() is main
+    assert script.value == "turnrl.grpo_core.observe.report:main" and script.load() is main
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "turnrl.grpo_core.report",
+            "turnrl.grpo_core.observe.report",
             "report",
             str(run_dir),
             "--tags",

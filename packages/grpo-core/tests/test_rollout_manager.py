@@ -1,4 +1,4 @@
-"""RolloutManager against fake engines: real HTTP servers on loopback (rollout_router.fake_engine).
+"""RolloutManager against fake engines: real HTTP servers on loopback (rollout_router.testing).
 
 The episodes here are one streamed generation through a real :class:`Router` each; the
 fake engines produce deterministic tokens with a per-token delay, can be killed like a
@@ -23,9 +23,9 @@ from turnrl.grpo_core.loop.rollout_manager import (
     engine_failed,
     keep_rewards,
 )
-from turnrl.rollout_router.fake_engine import FakeEngine
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.testing import FakeEngine
 
 pytestmark = pytest.mark.timeout(60)
 

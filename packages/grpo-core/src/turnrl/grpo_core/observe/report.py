@@ -1,6 +1,6 @@
 """Training curves from a run folder: ``turnrl-grpo report RUN_DIR`` writes one PNG per group.
 
-A run folder holds what :class:`~turnrl.grpo_core.loop.observe.StepLogger` wrote:
+A run folder holds what :class:`~turnrl.grpo_core.observe.logger.StepLogger` wrote:
 ``metrics.jsonl`` (one JSON object per step: ``{"step": 3, "time": ..., "rollout/reward_mean":
 0.5, ...}``) and TensorBoard event files. :func:`load_scalars` reads ``metrics.jsonl`` when it
 has scalars and otherwise every ``events.out.tfevents.*`` file below the folder (so runs

@@ -11,8 +11,8 @@ and starts
   :class:`~turnrl.grpo_core.training.torch_engine.TorchEngine`;
 - one :class:`EngineActor` per engine: it starts an inference server on its node -- a
   real vLLM :class:`~turnrl.rollout_router.engine.EngineServer` on the engine's devices, or
-  the loopback :class:`~turnrl.rollout_router.fake_engine.FakeEngine` for tests -- and
-  reports its URL.
+  whatever server ``EngineLaunch(server=...)`` starts (tests pass the loopback fake engine
+  of :mod:`turnrl.rollout_router.testing`) -- and reports its URL.
 
 Every actor reports its Ray node id. :meth:`RayPlacement.shutdown` stops the servers,
 the process group and the actors, and removes the placement group.
@@ -23,20 +23,21 @@ Ray is optional: it is imported only when these functions run (``pip install
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
-from turnrl.grpo_core.loop.placement import PlacementConfig, PlacementPlan, plan_placement
+from turnrl.grpo_core.placement.plan import PlacementConfig, PlacementPlan, plan_placement
+from turnrl.npu_runtime.device import DeviceType
 from turnrl.npu_runtime.net import free_port
 
 __all__ = [
     "RAY_INSTALL_HINT",
     "BundleInfo",
     "EngineActor",
+    "EngineHandle",
     "EngineLaunch",
     "PlacementError",
     "RayPlacement",
@@ -45,8 +46,8 @@ __all__ = [
 ]
 
 RAY_INSTALL_HINT = "pip install 'turnrl-grpo-core[ray]'"
-_DEVICE_OF = {"CPU": "cpu", "GPU": "cuda", "NPU": "npu"}
-_VISIBLE_ENV = {"GPU": "CUDA_VISIBLE_DEVICES", "NPU": "ASCEND_RT_VISIBLE_DEVICES"}
+_DEVICE_OF = {"CPU": DeviceType.CPU, "GPU": DeviceType.CUDA, "NPU": DeviceType.NPU}
+"""The device of each of the plan's Ray accelerator names."""
 
 
 def require_ray() -> ModuleType:
@@ -78,23 +79,32 @@ class BundleInfo:
     """Accelerator ids Ray assigned to the bundle (empty on CPU)."""
 
 
+class EngineHandle(Protocol):
+    """A started engine server as :class:`EngineActor` holds it."""
+
+    url: str
+
+    def stop(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class EngineLaunch:
-    """What each engine actor serves: a real vLLM server, or the fake engine."""
+    """What each engine actor serves: a real vLLM server, or a server of the caller's."""
 
     spec: Any = None
     """A :class:`turnrl.rollout_router.engine.EngineSpec` for a real server. Each engine gets
     a free port on its node, ``tensor_parallel_size = rollout_num_gpus_per_engine`` and the
     visible-devices variable of its bundles' devices."""
-    fake: bool = False
-    """Serve :class:`turnrl.rollout_router.fake_engine.FakeEngine` (a real HTTP server on
-    127.0.0.1 with deterministic tokens) inside the actor: for tests and dry runs."""
+    server: Callable[[], EngineHandle] | None = None
+    """Instead of ``spec``: a picklable callable that starts a server inside the actor and
+    returns it (``url``, ``stop()``), e.g. ``turnrl.rollout_router.testing.ThreadedFakeEngine``
+    in tests."""
     log_dir: str | None = None
     """Folder of the real servers' logs on each node (default: the temp folder)."""
 
     def __post_init__(self) -> None:
-        if (self.spec is None) == (not self.fake):
-            raise ValueError("EngineLaunch needs exactly one of spec=EngineSpec(...) or fake=True")
+        if (self.spec is None) == (self.server is None):
+            raise ValueError("EngineLaunch needs exactly one of spec=EngineSpec(...) or server=")
 
 
 def _node_info() -> dict[str, Any]:
@@ -180,24 +190,6 @@ class TrainerActor:
         destroy_distributed()
 
 
-class _ThreadedFakeEngine:
-    """A FakeEngine served from its own event loop on a daemon thread."""
-
-    def __init__(self) -> None:
-        from turnrl.rollout_router.fake_engine import FakeEngine
-
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.engine = asyncio.run_coroutine_threadsafe(FakeEngine().start(), self.loop).result(30)
-        self.url = self.engine.url
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.engine.kill(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
 class EngineActor:
     """One inference engine: starts a server on its node and reports the URL."""
 
@@ -222,15 +214,16 @@ class EngineActor:
         """
         if self.server is not None:
             raise RuntimeError(f"engine {self.index} is already started at {self.url}")
-        if launch.fake:
-            self.server = _ThreadedFakeEngine()
+        if launch.server is not None:
+            self.server = launch.server()
             self.url = self.server.url
             return self.url
         from turnrl.rollout_router.engine import EngineServer
 
         env = dict(launch.spec.env)
-        if accelerator in _VISIBLE_ENV and device_ids:
-            env[_VISIBLE_ENV[accelerator]] = ",".join(device_ids)
+        visible = _DEVICE_OF[accelerator].visible_devices_env
+        if visible and device_ids:
+            env[visible] = ",".join(device_ids)
         spec = replace(
             launch.spec,
             port=free_port(""),
@@ -289,7 +282,7 @@ class RayPlacement:
 
         with RayPlacement(PlacementConfig(actor_num_gpus_per_node=2, accelerator="CPU")) as rp:
             trainers = rp.start_trainers(TorchEngineConfig(model_path="runs/tiny"))
-            urls = rp.start_engines(EngineLaunch(fake=True))
+            urls = rp.start_engines(EngineLaunch(server=ThreadedFakeEngine))  # tests' fake
             metrics = rp.trainer_call("train_step", [shard0, shard1], objective="sft")
     """
 
@@ -391,7 +384,7 @@ class RayPlacement:
         if self.trainers:
             raise RuntimeError("trainers are already started")
         plan, world = self.plan, self.config.num_trainers
-        device = _DEVICE_OF[plan.accelerator]
+        device = _DEVICE_OF[plan.accelerator].value
         env = {"TURNRL_DEVICE": device, "LOCAL_WORLD_SIZE": "1" if device != "cpu" else str(world)}
         remote = ray.remote(TrainerActor)
         self.trainers = [

@@ -5,7 +5,7 @@ Each sync exports the trainer's weights as a Hugging Face folder ``<root>/v<vers
 to ``reload_weights`` from it with that version, then reads the version back from each
 engine to confirm it serves the new weights. Older version folders are removed once no
 engine uses them. The GPU path, vLLM's collective weight transfer in buckets, is
-:class:`~turnrl.grpo_core.loop.collective_sync.CollectiveWeightSync`.
+:class:`~turnrl.grpo_core.weight_sync.collective.CollectiveWeightSync`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The plan follows slime's scheme. One Ray placement group holds one bundle per device
 (a GPU, an NPU, or on a CPU-only machine a slice of CPUs that stands for one device).
 Bundles are numbered in a stable order (grouped by node, then by device id, see
-:mod:`turnrl.grpo_core.loop.ray_actors`), and the planner says which bundles each
+:mod:`turnrl.grpo_core.placement.actors`), and the planner says which bundles each
 trainer rank and each engine gets:
 
 - **disaggregated** (default): trainers take bundles ``0 .. T-1`` and engines the next

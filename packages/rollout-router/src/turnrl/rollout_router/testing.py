@@ -1,4 +1,7 @@
-"""A stand-in for a vLLM server's HTTP API, on loopback, for routing tests and benchmarks.
+"""Test support, named as such (production code never imports it): a fake vLLM server.
+
+:class:`FakeEngine` stands in for a vLLM server's HTTP API, on loopback, for routing tests
+and benchmarks.
 
 It speaks the subset of vLLM's API the router and client use -- ``/health``,
 ``/inference/v1/generate`` (streaming SSE chunks with ``generate-tokens-<id>`` ids and
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,8 +234,26 @@ def _chunk(rid: str, ids: list[int], finish: str | None) -> bytes:
     return f"data: {json.dumps({'request_id': rid, 'choices': [choice]})}\n\n".encode()
 
 
+class ThreadedFakeEngine:
+    """A :class:`FakeEngine` served from its own event loop on a daemon thread, for code
+    that is not async (e.g. ``EngineLaunch(server=ThreadedFakeEngine)`` in a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.engine = asyncio.run_coroutine_threadsafe(FakeEngine().start(), self.loop).result(30)
+        self.url = self.engine.url
+
+    def stop(self) -> None:
+        """Kill the server and stop its thread."""
+        asyncio.run_coroutine_threadsafe(self.engine.kill(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Serve one fake engine until killed: ``python -m turnrl.rollout_router.fake_engine``."""
+    """Serve one fake engine until killed: ``python -m turnrl.rollout_router.testing``."""
     import argparse
 
     parser = argparse.ArgumentParser(description="fake vLLM engine on loopback")

@@ -12,7 +12,7 @@ Before the first group is made, each engine's ``GET /get_world_size`` must equal
 ``workers_per_engine`` (a wrong count would hang the rendezvous instead of failing).
 
 Setup (first sync): trainer rank 0 opens a :mod:`transfer group
-<turnrl.grpo_core.loop.transfer_group>` with every worker of every engine: it POSTs
+<turnrl.grpo_core.weight_sync.transfer_group>` with every worker of every engine: it POSTs
 ``/init_weight_transfer_engine`` to all engines (engine ``i`` gets ``rank_offset`` =
 1 + the workers of the engines before it) while joining the rendezvous itself.
 
@@ -43,13 +43,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from turnrl.grpo_core.loop.transfer_group import (
+from turnrl.grpo_core.weight_sync.disk import WeightSyncError
+from turnrl.grpo_core.weight_sync.transfer_group import (
     HcclTransferGroup,
     NcclUniqueIdTransferGroup,
     TorchTransferGroup,
     TransferGroup,
 )
-from turnrl.grpo_core.loop.weight_sync import WeightSyncError
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import EngineError, EngineRequestError
 

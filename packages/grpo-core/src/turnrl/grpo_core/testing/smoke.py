@@ -1,6 +1,6 @@
 """Device smoke run: a few real GRPO steps with a tiny model on this machine's device.
 
-``python -m turnrl.grpo_core.smoke`` (what ``ci/device_smoke.sh`` runs): detects the
+``python -m turnrl.grpo_core.testing.smoke`` (what ``ci/device_smoke.sh`` runs): detects the
 device (``TURNRL_DEVICE`` forces one), finds or creates the pinned engine environment,
 writes a tiny random Qwen3 model, starts one vLLM engine server on it, and runs
 ``--steps`` GRPO steps with the torch trainer on the device. Task: every response token
@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from turnrl.grpo_core.loop import DiskWeightSync, GRPOLoop, LoopConfig, WeightSync
-from turnrl.grpo_core.loop.collective_sync import CollectiveSyncConfig, CollectiveWeightSync
-from turnrl.grpo_core.loop.golden import ToySample
+from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
+from turnrl.grpo_core.testing.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.weight_sync import DiskWeightSync, WeightSync
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync
 from turnrl.npu_runtime.device import DeviceType, detect_device, device_count
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient

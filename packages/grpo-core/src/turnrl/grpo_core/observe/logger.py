@@ -10,7 +10,7 @@
 * :func:`progress` is a rich progress bar that stays silent when stdout is not a terminal
   (CI logs, ``nohup``) or when ``TURNRL_NO_PROGRESS=1``.
 
-``turnrl-grpo report RUN_DIR`` (:mod:`turnrl.grpo_core.report`) later reads ``metrics.jsonl``
+``turnrl-grpo report RUN_DIR`` (:mod:`turnrl.grpo_core.observe.report`) later reads ``metrics.jsonl``
 (or the TensorBoard events) back and draws the training curves.
 """
 

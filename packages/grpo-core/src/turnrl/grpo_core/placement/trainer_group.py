@@ -3,7 +3,7 @@
 :class:`RayTrainerGroup` drives the trainer actors a :class:`RayPlacement` started (one
 :class:`~turnrl.grpo_core.training.torch_engine.TorchEngine` per rank, FSDP2-sharded over
 the group) through the surface :class:`~turnrl.grpo_core.loop.loop.GRPOLoop`,
-:class:`~turnrl.grpo_core.loop.weight_sync.DiskWeightSync` and the reference model use:
+:class:`~turnrl.grpo_core.weight_sync.disk.DiskWeightSync` and the reference model use:
 ``compute_logprobs``, ``train_step``, ``export_hf``, ``save_checkpoint`` and
 ``load_checkpoint`` (plus :class:`RayReference` for ``attach``).
 
@@ -33,7 +33,7 @@ folders must be on storage every node (and every engine) sees.
 Example (a running Ray, e.g. after ``ray.init()``)::
 
     placement = PlacementConfig(actor_num_gpus_per_node=2, rollout_num_gpus=1, accelerator="CPU")
-    with RayGRPORun(placement, TorchEngineConfig(model_path="tiny"), EngineLaunch(fake=True)) as run:
+    with RayGRPORun(placement, TorchEngineConfig(model_path="tiny"), EngineLaunch(spec=EngineSpec(...))) as run:
         loop = run.make_loop(loop_config, prompts, generate, reward, pad_id=0, sync_root="sync")
         asyncio.run(loop.run())
 """
@@ -51,10 +51,10 @@ import torch
 
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import EvalFn, GenerateFn, GRPOLoop, MetricsFn, RewardFn
-from turnrl.grpo_core.loop.placement import PlacementConfig
-from turnrl.grpo_core.loop.ray_actors import EngineLaunch, RayPlacement, require_ray
-from turnrl.grpo_core.loop.weight_sync import DiskWeightSync
+from turnrl.grpo_core.placement.actors import EngineLaunch, RayPlacement, require_ray
+from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.training.batch import TrainBatch
+from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
 
 __all__ = [
     "GROUP_METRICS",

@@ -12,8 +12,8 @@ The golden curve (torchtitan-style, one file per device kind) keeps the per-step
 deterministic algorithms and one thread; ``tests/test_loop_golden.py`` reruns it and
 compares within :data:`RTOL` / :data:`ATOL`. Update the file after an intended change::
 
-    python -m turnrl.grpo_core.loop.golden            # run and compare with the golden file
-    python -m turnrl.grpo_core.loop.golden --update   # rewrite tests/golden/loop_<device>.json
+    python -m turnrl.grpo_core.testing.golden            # run and compare with the golden file
+    python -m turnrl.grpo_core.testing.golden --update   # rewrite tests/golden/loop_<device>.json
 """
 
 from __future__ import annotations

@@ -1,0 +1,19 @@
+"""How the trainer's weights reach the inference engines after a step.
+
+- :mod:`~turnrl.grpo_core.weight_sync.disk`: the :class:`WeightSync` interface and
+  :class:`DiskWeightSync` (export a Hugging Face folder, engines reload it; the CPU path).
+- :mod:`~turnrl.grpo_core.weight_sync.collective`: :class:`CollectiveWeightSync`, a
+  broadcast from trainer rank 0 into the engines' workers (NCCL on CUDA, HCCL on Ascend).
+- :mod:`~turnrl.grpo_core.weight_sync.transfer_group`: the trainer side of those groups.
+"""
+
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync
+from turnrl.grpo_core.weight_sync.disk import DiskWeightSync, WeightSync, WeightSyncError
+
+__all__ = [
+    "CollectiveSyncConfig",
+    "CollectiveWeightSync",
+    "DiskWeightSync",
+    "WeightSync",
+    "WeightSyncError",
+]
