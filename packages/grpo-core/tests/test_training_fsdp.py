@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.npu_runtime.supervise import run_group
 
 # Each rank trains on its half of the batch (rank 1's half is shorter, so it packs into fewer
 # micro-batches and the engine must pad its micro-batch count). Then: checkpoint, one more
@@ -80,21 +79,8 @@ def test_fsdp2_two_cpu_ranks_match_one_process(
         str(model),
         str(out),
     ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output[-4000:]
+    code, output = run_group(cmd, timeout=240, env=env)
+    assert code == 0, output[-4000:]
     result = json.loads((out / "result.json").read_text())
 
     from turnrl.grpo_core.training.batch import TrainBatch

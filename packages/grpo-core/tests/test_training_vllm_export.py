@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.npu_runtime.supervise import run_group
 
 PROMPT = "<|im_start|>user\norder please<|im_end|>\n<|im_start|>assistant\n"
 
@@ -66,19 +65,8 @@ def test_exported_weights_decode_the_same_in_vllm(tmp_path: Path) -> None:
     script.write_text(VLLM_SCRIPT)
     out = tmp_path / "tokens.json"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.Popen(
-        [str(python), str(script), str(folder), PROMPT, str(out)],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    code, log = run_group(
+        [str(python), str(script), str(folder), PROMPT, str(out)], timeout=800, env=env
     )
-    try:
-        log, _ = proc.communicate(timeout=800)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, log[-4000:]
+    assert code == 0, log[-4000:]
     assert json.loads(out.read_text()) == expected

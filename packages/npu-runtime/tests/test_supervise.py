@@ -187,6 +187,45 @@ def test_stop_also_kills_grandchildren_left_after_child_exit(tmp_path, gone):
     assert gone(grandchild)
 
 
+def _forker(pid_file: Path, then: str) -> list[str]:
+    """A command that starts a sleeping grandchild (output detached), writes its pid, then
+    runs ``then``."""
+    script = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); {then}"
+    )
+    return [sys.executable, "-c", script]
+
+
+def test_run_group_returns_code_and_output_and_kills_leftovers(tmp_path, gone):
+    pid_file = tmp_path / "gc.pid"
+    code, output = supervise.run_group(_forker(pid_file, "sys.exit(3)"), timeout=60)
+    assert (code, output) == (3, "started\n")
+    assert gone(int(pid_file.read_text()))  # the grandchild it left was killed
+
+
+def test_run_group_timeout_kills_the_whole_group(tmp_path, gone):
+    pid_file = tmp_path / "gc.pid"
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as error:
+        supervise.run_group(_forker(pid_file, "time.sleep(600)"), timeout=3)
+    assert time.monotonic() - start < 15
+    assert error.value.output == "started\n"
+    assert gone(int(pid_file.read_text()))
+
+
+def test_run_group_applies_env_and_cwd(tmp_path):
+    code, output = supervise.run_group(
+        [sys.executable, "-c", "import os; print(os.environ['X'], os.getcwd())"],
+        timeout=60,
+        env={**os.environ, "X": "y"},
+        cwd=tmp_path,
+    )
+    assert code == 0 and output.split() == ["y", str(tmp_path)]
+
+
 def test_stop_all_stops_every_child(scripts, tmp_path, gone):
     procs = [
         start_process(

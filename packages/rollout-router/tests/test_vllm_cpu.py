@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from turnrl.npu_runtime.net import free_port
-from turnrl.rollout_router.engine import EngineServer, EngineSpec
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.http_router import HttpRouter
 from turnrl.rollout_router.protocol import (
@@ -28,6 +28,7 @@ from turnrl.rollout_router.protocol import (
     SamplingParams,
 )
 from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.testing import cpu_engines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -55,29 +56,8 @@ def engines(
     models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[EngineServer]]:
     logs = tmp_path_factory.mktemp("logs")
-    servers = [
-        EngineServer(
-            EngineSpec(
-                model=str(models["a"]),
-                port=free_port(),
-                served_model_name="tiny",
-                max_model_len=32768,
-                cpu_threads_bind=str(core),
-            ),
-            log_dir=logs,
-        )
-        for core in (0, 1)
-    ]
-
-    async def start_all() -> None:
-        await asyncio.gather(*(s.start_async() for s in servers))
-
-    try:
-        asyncio.run(start_all())
+    with cpu_engines(models["a"], logs, max_model_len=32768) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.stop()
 
 
 @pytest.fixture

@@ -57,6 +57,7 @@ __all__ = [
     "install_signal_handlers",
     "kill_descendants",
     "run_contained",
+    "run_group",
     "running_processes",
     "start_process",
     "stop_all",
@@ -628,6 +629,44 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return "?"
+
+
+def run_group(
+    cmd: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> tuple[int, str]:
+    """Run ``cmd`` in a process group of its own to its end; ``(exit code, output)``.
+
+    stdout and stderr are captured together. Whether ``cmd`` ends, times out or this call
+    is interrupted, whatever is left of its group is killed (SIGKILL), so a worker that
+    ``cmd`` spawned (``torchrun``'s ranks, an engine) does not outlive it.
+
+    Raises:
+        subprocess.TimeoutExpired: ``cmd`` ran past ``timeout`` seconds (its output so far
+            in ``output``); the group is killed first.
+    """
+    proc = subprocess.Popen(
+        list(cmd),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(list(cmd), timeout, output=output) from None
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)  # leftovers of a finished or failed run
+        if proc.poll() is None:
+            proc.wait()
+    return proc.returncode, output
 
 
 def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:

@@ -17,9 +17,12 @@ so tests can check exactly what came back and from where.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -232,6 +235,45 @@ def _chunk(rid: str, ids: list[int], finish: str | None) -> bytes:
         "logprobs": {"content": content},
     }
     return f"data: {json.dumps({'request_id': rid, 'choices': [choice]})}\n\n".encode()
+
+
+@contextlib.contextmanager
+def cpu_engines(
+    model: str | Path, log_dir: str | Path, cores: tuple[int, ...] = (0, 1), **spec: Any
+) -> Iterator[list[Any]]:
+    """Real vLLM servers of ``model``, one bound to each CPU core of ``cores``, started
+    together; every one stopped (its whole process group) on exit.
+
+    Args:
+        model: A Hugging Face model folder.
+        log_dir: Where the servers' logs go.
+        cores: One server per core (``cpu_threads_bind``).
+        spec: More :class:`~turnrl.rollout_router.engine.EngineSpec` fields (e.g.
+            ``max_model_len``); ``served_model_name`` defaults to ``"tiny"``.
+
+    Yields:
+        The started :class:`~turnrl.rollout_router.engine.EngineServer` s.
+    """
+    from turnrl.rollout_router.engine import EngineServer, EngineSpec
+
+    spec.setdefault("served_model_name", "tiny")
+    servers = [
+        EngineServer(
+            EngineSpec(model=str(model), port=free_port(), cpu_threads_bind=str(core), **spec),
+            log_dir=log_dir,
+        )
+        for core in cores
+    ]
+
+    async def start_all() -> None:
+        await asyncio.gather(*(s.start_async() for s in servers))
+
+    try:
+        asyncio.run(start_all())
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 class ThreadedFakeEngine:

@@ -42,10 +42,6 @@ from turnrl.rollout_router.protocol import SamplingParams
 ENGINE_DEVICE = {DeviceType.CPU: "cpu", DeviceType.CUDA: "gpu", DeviceType.NPU: "npu"}
 COLLECTIVE = {DeviceType.CUDA: ("nccl", "cuda:0"), DeviceType.NPU: ("hccl", "npu:0")}
 """Collective weight-transfer backend and trainer card of each device with two cards or more."""
-VISIBLE_DEVICES = {
-    DeviceType.CUDA: "CUDA_VISIBLE_DEVICES",
-    DeviceType.NPU: "ASCEND_RT_VISIBLE_DEVICES",
-}
 STEP_KEYS = {
     "step_s": "perf/step_s",
     "rollout_s": "perf/rollout_s",
@@ -91,7 +87,7 @@ def engine_spec(
     )
     if sync_kind.startswith("collective-"):
         backend = sync_kind.removeprefix("collective-")
-        spec.env[VISIBLE_DEVICES[kind]] = "1"
+        spec.env[str(kind.visible_devices_env)] = "1"  # an accelerator here
         spec.extra_args += ["--weight-transfer-config", json.dumps({"backend": backend})]
     return spec
 
