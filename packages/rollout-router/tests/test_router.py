@@ -208,6 +208,19 @@ async def test_metrics_count_requests_errors_and_tokens(make_engine):
     assert f'turnrl_router_engine_tokens_total{{engine="{a.url}"}} 9' in text
 
 
+async def test_busy_seconds_count_overlapping_requests_once_and_not_idle_gaps(make_engine):
+    a = await make_engine(token_delay=0.05)
+    async with Router([a.url], config()) as router:
+        assert router.busy_seconds() == {a.url: 0.0}
+        slow = SamplingParams(max_tokens=10)  # about 0.5 s per request
+        await asyncio.gather(*(router.generate([i], slow) for i in range(3)))  # counted once
+        await asyncio.sleep(0.3)  # idle: not counted
+        busy = router.busy_seconds()
+        m = router.metrics()
+    assert 0.4 < busy[a.url] < 0.9, busy  # ~0.5 s of overlapping requests, not 1.5 s + 0.3 s
+    assert m[a.url]["busy_s"] == pytest.approx(busy[a.url])
+
+
 async def test_unreachable_only_engine_gives_clear_error():
     url = f"http://127.0.0.1:{free_port()}"
     async with Router([url], config(max_attempts=2)) as router:

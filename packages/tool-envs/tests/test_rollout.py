@@ -6,6 +6,8 @@ ScriptedUser; only the inference engine is scripted (the package's boundary).
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from turnrl.tool_envs.protocol import Generation, SamplingParams
@@ -85,7 +87,24 @@ async def test_full_episode(qwen3, make_engine):
     assert t.rollout_logprobs[0] == pytest.approx(-0.25)
     assert t.messages[-1] == {"role": "user", "content": "Great, thanks! ###STOP###"}
     assert t.metadata["prefix_check"]["mismatched_turns"] == 0
-    assert set(t.timings) == {"generate", "env", "total"} and t.timings["total"] >= 0
+    assert set(t.timings) == {"generate", "env", "user", "agent", "total"}
+    parts = t.timings["generate"] + t.timings["env"] + t.timings["agent"]
+    assert t.timings["total"] == pytest.approx(parts) and t.timings["user"] <= t.timings["env"]
+
+
+async def test_user_time_is_timed_apart_from_the_environment(qwen3, make_engine):
+    slow_user = ScriptedUser(["Where is my order #W1?", "Thanks! ###STOP###"])
+    respond = slow_user.respond
+
+    async def slow(message: str) -> str:
+        await asyncio.sleep(0.2)
+        return await respond(message)
+
+    slow_user.respond = slow  # type: ignore[method-assign]
+    env = ToolEnvironment(ToolSet(), slow_user, "You are a retail agent.")
+    t = await run_episode(make_engine(["Hello."]), env, qwen3, TASK, config())
+    assert t.status == "completed"
+    assert 0.2 <= t.timings["user"] <= t.timings["env"] < 0.2 + 0.5
 
 
 async def test_turn_budget_lowers_max_tokens(qwen3, make_engine):

@@ -67,6 +67,7 @@ async def test_gold_episode_gets_reward_one(synthetic):
     assert reply.observations == [{"role": "user", "content": "yes"}] and not reply.done
     final = await env.step({"role": "assistant", "content": "Anything else?"})
     assert final.done and final.info["done_reason"] == "user_stop"
+    assert final.info["user_s"] >= 0.0  # the user simulator's share of the step
     inputs = final.info["reward_inputs"]
     assert inputs.final_data_hash == inputs.gt_data_hash == env.data_hash()
     assert inputs.agent_messages == ("Your order is cancelled.", "Anything else?")

@@ -160,6 +160,7 @@ async def run_rl_stage(
             weight_sync=DiskWeightSync(urls, run_dir / "weights"),
             pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
             on_metrics=on_metrics,
+            engine_busy=router.busy_seconds,
         )
         for _ in range(rl.num_rollout):
             if rl.dynamic_sampling:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnrl.grpo_core.loop import GRPOLoop, load_function
-from turnrl.grpo_core.loop.loop import EvalFn, latest_checkpoint
+from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
 from turnrl.grpo_core.weight_sync import DiskWeightSync
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
@@ -414,7 +414,18 @@ async def _run_with_router(
             (run_dir / PROGRESS).write_text(json.dumps(progress, indent=2) + "\n")
         with phases("rl"):
             out.update(
-                await _train(config, data, policy, urls, episodes, scalars, run_dir, during_rl, job)
+                await _train(
+                    config,
+                    data,
+                    policy,
+                    urls,
+                    episodes,
+                    scalars,
+                    run_dir,
+                    during_rl,
+                    job,
+                    engine_busy=router.busy_seconds,
+                )
             )
         out["after"] = await held_out("eval after RL", out["steps"])
         out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
@@ -432,8 +443,10 @@ async def _train(
     run_dir: Path,
     evaluate: EvalFn,
     job: RayGRPORun | None = None,
+    engine_busy: BusyFn | None = None,
 ) -> dict[str, Any]:
-    """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``)."""
+    """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``); the engines'
+    busy fraction is logged each step when ``engine_busy`` reads their busy seconds."""
     r = config.rollout
     generate = (
         load_function(r.custom_generate_function_path)
@@ -459,6 +472,7 @@ async def _train(
         "on_metrics": on_metrics,
         "evaluate": evaluate,
         "checkpoint_dir": str(run_dir / "checkpoints"),
+        "engine_busy": engine_busy,
     }
     if job is None:
         trainer, reference, pad_id = make_trainer(config, policy)

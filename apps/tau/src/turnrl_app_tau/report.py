@@ -80,8 +80,13 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
         f"clip {m.get('train/clip_frac', 0):.3f}  "
         f"engine/trainer |dlogp| {m.get('train/mismatch_abs_diff', 0):.4f}  "
         f"resp_len {m.get('rollout/response_len_mean', 0):.0f}  "
-        f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s  "
-        f"train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
+        f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s"
+        + (
+            f" (engines busy {m['rollout/engine_busy_frac']:.0%})"
+            if "rollout/engine_busy_frac" in m
+            else ""
+        )
+        + f"  train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
     )
 
 

@@ -107,6 +107,11 @@ class EngineState:
     """Removed from the router: finishes its requests, takes no new ones."""
     in_flight: int = 0
     """Requests routed here and not finished."""
+    busy_s: float = 0.0
+    """Seconds with at least one request in flight here, ended intervals only (see
+    :meth:`Router.busy_seconds`)."""
+    busy_since: float | None = None
+    """Monotonic time the current busy interval began (None while idle)."""
     dispatched_total: int = 0
     """Requests sent here (tie-break of least-in-flight, so sequential load alternates)."""
     requests_total: int = 0
@@ -292,6 +297,8 @@ class Router:
             if e is not None:
                 if e.circuit == HALF_OPEN:
                     e.probing = True
+                if e.in_flight == 0:
+                    e.busy_since = time.monotonic()
                 e.in_flight += 1
                 e.dispatched_total += 1
                 if session_id is not None:
@@ -325,6 +332,9 @@ class Router:
 
     def _release(self, e: EngineState) -> None:
         e.in_flight -= 1
+        if e.in_flight == 0 and e.busy_since is not None:
+            e.busy_s += time.monotonic() - e.busy_since
+            e.busy_since = None
         e.probing = False  # a probe is over whatever its outcome; half-open engines re-probe
         if e.removed and e.in_flight == 0:
             asyncio.get_running_loop().create_task(self._forget(e))
@@ -459,15 +469,29 @@ class Router:
         await self.close()
 
     # ------------------------------------------------------------ metrics
+    def busy_seconds(self) -> dict[str, float]:
+        """Per engine, the seconds so far with at least one of this router's requests in
+        flight there (the current interval included). Two readings around a rollout give
+        each engine's busy fraction; it counts time a request spends queued or on the wire,
+        so it bounds the engine's own busy time from above."""
+        now = time.monotonic()
+        return {
+            url: e.busy_s + (now - e.busy_since if e.busy_since is not None else 0.0)
+            for url, e in self._engines.items()
+        }
+
     def metrics(self) -> dict[str, dict[str, Any]]:
-        """Per-engine metrics: circuit, in flight, totals, mean and p50/p99 latency."""
+        """Per-engine metrics: circuit, in flight, busy seconds, totals, mean and p50/p99
+        latency."""
         out: dict[str, dict[str, Any]] = {}
+        busy = self.busy_seconds()
         for e in self._engines.values():
             lat = sorted(e.recent_latencies)
             out[e.url] = {
                 "circuit": e.circuit,
                 "removed": e.removed,
                 "in_flight": e.in_flight,
+                "busy_s": busy[e.url],
                 "requests_total": e.requests_total,
                 "errors_total": e.errors_total,
                 "tokens_total": e.tokens_total,

@@ -48,7 +48,8 @@ class StepResult:
     done: bool
     """True when the episode is over (user stopped, transfer, max invalid calls, ...)."""
     info: dict[str, Any] = field(default_factory=dict)
-    """Anything the reward or logs need: tool-call counts, errors, user cost, ..."""
+    """Anything the reward or logs need: tool-call counts, errors, user cost, ...; ``user_s``
+    (seconds the step spent in the user simulator) is added to the episode's ``timings``."""
 
 
 @runtime_checkable

@@ -103,7 +103,7 @@ class _Episode:
     def __init__(self, config: RolloutConfig, chat: ChatTokenizer) -> None:
         self.config, self.chat = config, chat
         self.builder: TrajectoryBuilder | None = None
-        self.timings = {"generate": 0.0, "env": 0.0}
+        self.timings = {"generate": 0.0, "env": 0.0, "user": 0.0}
         self.num_tool_calls = 0
         self.num_invalid = 0
         self.consecutive_invalid = 0
@@ -162,7 +162,10 @@ async def run_episode(
     except Exception as exc:  # one broken episode must not end the run
         status, reason = "failed", "exception"
         extra = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    episode.timings["total"] = time.perf_counter() - start
+    total = episode.timings["total"] = time.perf_counter() - start
+    episode.timings["agent"] = max(
+        0.0, total - episode.timings["generate"] - episode.timings["env"]
+    )
     fields: dict[str, Any] = dict(
         num_tool_calls=episode.num_tool_calls,
         num_invalid_tool_calls=episode.num_invalid,
@@ -213,6 +216,7 @@ async def _loop(
         t0 = time.perf_counter()
         result = await env.step({**assistant, "tool_call_errors": list(parsed.errors)})
         episode.timings["env"] += time.perf_counter() - t0
+        episode.timings["user"] += float(result.info.get("user_s", 0.0))
         episode.record_turn(parsed.errors, len(parsed.tool_calls), result.info)
         if result.done:
             builder.messages.extend(dict(m) for m in result.observations)

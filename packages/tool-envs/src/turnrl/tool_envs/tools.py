@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -136,10 +137,10 @@ class ToolEnvironment:
             return await self._run_tools(parsed.tool_calls, errors, len(parsed.errors))
         if self.user is None:
             return StepResult([], done=True, info=self._info(0))
+        start = time.perf_counter()
         reply = await self.user.respond(visible_text(str(assistant.get("content") or "")))
-        return StepResult(
-            [{"role": "user", "content": reply}], done=STOP_TOKEN in reply, info=self._info(0)
-        )
+        info = {**self._info(0), "user_s": time.perf_counter() - start}
+        return StepResult([{"role": "user", "content": reply}], done=STOP_TOKEN in reply, info=info)
 
     async def _run_tools(
         self, calls: list[ToolCall], errors: list[str], rejected: int

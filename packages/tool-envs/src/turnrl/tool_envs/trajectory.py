@@ -72,7 +72,9 @@ class Trajectory:
     num_invalid_tool_calls: int = 0
     """Tool calls that could not be parsed, named an unknown tool or had invalid arguments."""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds spent: ``generate``, ``env``, ``total``."""
+    """Seconds spent: ``generate`` (awaiting the engine, queue and HTTP included), ``env``
+    (reset and steps: tools and the user simulator), ``user`` (the user simulator alone,
+    part of ``env``), ``agent`` (the rest: render, tokenize, parse) and ``total``."""
     group_id: str | None = None
     """The GRPO group (one prompt/task) this sample belongs to."""
     sample_index: int = 0

@@ -237,6 +237,7 @@ class AsyncGRPOLoop(GRPOLoop):
         trained = await asyncio.to_thread(super()._train, samples)
         self._train_s = time.perf_counter() - start
         self._pretrained = {**(self._pretrained or {}), **trained}
+        self._rollout_busy = {}  # rollouts overlap here: only the whole step's is logged
         return await super().learn(samples, rollout_s)
 
     def _train(self, samples: list[Any]) -> dict[str, float]:

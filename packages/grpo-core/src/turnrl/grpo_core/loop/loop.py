@@ -38,7 +38,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 """``(step) -> metrics`` run every ``eval_interval`` steps."""
 MetricsFn = Callable[[int, dict[str, float]], None]
 """``(step, metrics)`` called after every step (console line, TensorBoard, ...)."""
+BusyFn = Callable[[], Mapping[str, float]]
+"""``() -> {engine: busy seconds so far}``, cumulative (e.g. ``Router.busy_seconds``)."""
 
 LOOP_STATE_VERSION = 1
 """Format version of the loop state stored in checkpoints."""
@@ -247,11 +249,50 @@ def rollout_metrics(samples: Sequence[Sample], seconds: float) -> dict[str, floa
     turns = [getattr(s, "num_turns", None) for s in samples]
     if all(isinstance(t, int) for t in turns):
         metrics["rollout/num_turns_mean"] = _mean([float(t) for t in turns if t is not None])
+    metrics.update(episode_time_metrics(samples))
     reasons = [failure_reason(s) for s in samples]
     metrics["rollout/failed_frac"] = _mean([float(r is not None) for r in reasons])
     for reason in sorted({r for r in reasons if r is not None}):
         metrics[f"rollout/failed/{reason}"] = float(reasons.count(reason))
     return metrics
+
+
+TIME_PARTS = ("generate", "env", "user", "agent")
+"""Parts of an episode's wall time in ``timings`` (as ``turnrl.tool_envs.rollout`` records
+them): awaiting the engine (queue and HTTP included), the environment (tools and the
+user simulator), the user simulator alone, and the agent loop's own work (render,
+tokenize, parse: the rest of ``total``)."""
+
+
+def episode_time_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """Where episodes spent their time: per-episode means of each of :data:`TIME_PARTS`
+    (``rollout/time_<part>_s``) and the share of episode time spent outside the engine
+    (``rollout/outside_engine_frac``). Empty when samples carry no ``timings``."""
+    timings = [t for t in (getattr(s, "timings", None) for s in samples) if t and "total" in t]
+    if not timings:
+        return {}
+    metrics = {
+        f"rollout/time_{part}_s": _mean([float(t.get(part, 0.0)) for t in timings])
+        for part in TIME_PARTS
+    }
+    total = sum(float(t["total"]) for t in timings)
+    outside = sum(float(t["total"]) - float(t.get("generate", 0.0)) for t in timings)
+    metrics["rollout/outside_engine_frac"] = outside / total if total > 0 else 0.0
+    return metrics
+
+
+def busy_fractions(
+    before: Mapping[str, float], after: Mapping[str, float], seconds: float, prefix: str
+) -> dict[str, float]:
+    """Mean and lowest busy fraction of the engines over ``seconds`` between two readings
+    of a :data:`BusyFn` (``<prefix>/engine_busy_frac`` and ``..._min``)."""
+    if seconds <= 0 or not after:
+        return {}
+    fracs = [min(1.0, (after[url] - before.get(url, 0.0)) / seconds) for url in after]
+    return {
+        f"{prefix}/engine_busy_frac": _mean(fracs),
+        f"{prefix}/engine_busy_frac_min": min(fracs),
+    }
 
 
 def check_estimator_loss(config: LoopConfig, trainer: Any) -> None:
@@ -286,6 +327,10 @@ class GRPOLoop:
         on_metrics: Called with each step's metrics.
         checkpoint_dir: Where ``save_interval`` checkpoints go (``step_<n>`` folders,
             written at the end of a step; see :meth:`resume` and :func:`latest_checkpoint`).
+        engine_busy: Reads the engines' cumulative busy seconds (e.g. the rollout
+            router's ``busy_seconds``): each step then logs the engines' busy fraction
+            during its rollout (``rollout/engine_busy_frac``; not in the async loop, whose
+            rollouts overlap) and over the whole step (``perf/engine_busy_frac``).
     """
 
     def __init__(
@@ -302,6 +347,7 @@ class GRPOLoop:
         evaluate: EvalFn | None = None,
         on_metrics: MetricsFn | None = None,
         checkpoint_dir: str | Path | None = None,
+        engine_busy: BusyFn | None = None,
     ) -> None:
         if config.save_interval and checkpoint_dir is None:
             raise ValueError("save_interval is set but no checkpoint_dir was given")
@@ -312,6 +358,11 @@ class GRPOLoop:
         self.weight_sync, self.pad_id, self.reference = weight_sync, pad_id, reference
         self.evaluate, self.on_metrics = evaluate, on_metrics
         self.checkpoint_dir = checkpoint_dir
+        self.engine_busy = engine_busy
+        self._busy_mark: tuple[float, Mapping[str, float]] | None = None
+        """(time, busy seconds) at the end of the last step (``perf/engine_busy_frac``)."""
+        self._rollout_busy: dict[str, float] = {}
+        """``rollout/engine_busy_frac`` of the rollout :meth:`collect` last gathered."""
         self.step = 0
         self.history: list[dict[str, float]] = []
         self._failure_reasons_logged: set[str] = set()
@@ -323,9 +374,15 @@ class GRPOLoop:
         samples, rollout_s = await self.collect(prompts)
         return await self.learn(samples, rollout_s)
 
+    def _read_busy(self) -> Mapping[str, float] | None:
+        return None if self.engine_busy is None else dict(self.engine_busy())
+
     async def collect(self, prompts: list[Any]) -> tuple[list[Any], float]:
         """Generate and score one step's samples; returns them and the seconds it took."""
         start = time.perf_counter()
+        before = self._read_busy()
+        if self._busy_mark is None and before is not None:  # the run's first rollout
+            self._busy_mark = (start, before)
         samples = await self.generate(prompts, self.config.n_samples_per_prompt)
         if not samples:
             raise RuntimeError("the generate hook returned no samples")
@@ -336,13 +393,19 @@ class GRPOLoop:
             )
         for sample, value in zip(samples, rewards, strict=True):
             sample.reward = float(value)
-        return samples, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if before is not None:
+            after = self._read_busy() or {}
+            self._rollout_busy = busy_fractions(before, after, seconds, "rollout")
+        return samples, seconds
 
     async def learn(self, samples: list[Any], rollout_s: float) -> dict[str, float]:
         """Train on scored samples, sync, checkpoint, evaluate; returns the step's metrics."""
         cfg = self.config
         start = time.perf_counter()
         metrics = rollout_metrics(samples, rollout_s)
+        metrics.update(self._rollout_busy)
+        self._rollout_busy = {}
         metrics.update(self._train(samples))
         trained = time.perf_counter()
         self.step += 1
@@ -358,6 +421,12 @@ class GRPOLoop:
                 "perf/step_s": rollout_s + synced - start,
             }
         )
+        busy = self._read_busy()
+        if busy is not None and self._busy_mark is not None:
+            metrics.update(
+                busy_fractions(self._busy_mark[1], busy, synced - self._busy_mark[0], "perf")
+            )
+            self._busy_mark = (synced, busy)
         if self.evaluate is not None and cfg.eval_interval and self.step % cfg.eval_interval == 0:
             metrics.update(await self.evaluate(self.step))
         self.history.append(metrics)

@@ -50,7 +50,14 @@ from typing import Any
 import torch
 
 from turnrl.grpo_core.loop.config import LoopConfig
-from turnrl.grpo_core.loop.loop import EvalFn, GenerateFn, GRPOLoop, MetricsFn, RewardFn
+from turnrl.grpo_core.loop.loop import (
+    BusyFn,
+    EvalFn,
+    GenerateFn,
+    GRPOLoop,
+    MetricsFn,
+    RewardFn,
+)
 from turnrl.grpo_core.placement.actors import EngineLaunch, RayPlacement, require_ray
 from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.training.batch import TrainBatch
@@ -409,13 +416,14 @@ class RayGRPORun:
         evaluate: EvalFn | None = None,
         on_metrics: MetricsFn | None = None,
         checkpoint_dir: str | Path | None = None,
+        engine_busy: BusyFn | None = None,
     ) -> GRPOLoop:
         """A :class:`GRPOLoop` training with the trainer group, syncing the engines by disk.
 
         Args:
             config, prompts, generate, reward, pad_id, reference, evaluate, on_metrics,
-                checkpoint_dir: As for :class:`GRPOLoop` (``reference`` may come from
-                :meth:`RayTrainerGroup.build_reference`).
+                checkpoint_dir, engine_busy: As for :class:`GRPOLoop` (``reference`` may
+                come from :meth:`RayTrainerGroup.build_reference`).
             sync_root: Folder of the exported weight versions (required with engines).
             keep_last: Exported versions kept on disk.
         """
@@ -438,6 +446,7 @@ class RayGRPORun:
             evaluate=evaluate,
             on_metrics=on_metrics,
             checkpoint_dir=checkpoint_dir,
+            engine_busy=engine_busy,
         )
 
     def shutdown(self) -> None:

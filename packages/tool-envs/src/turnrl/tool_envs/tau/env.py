@@ -11,6 +11,7 @@ The episode ends when the user says ``###STOP###``, the agent calls
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,8 @@ class TauEnv:
         self.done = False
         self.user_error: str | None = None
         self._counts = _zero_counts()
+        self._user_s = 0.0
+        """Seconds the current step spent in the user simulator (``info["user_s"]``)."""
 
     async def reset(self, task: Task | int) -> list[Message]:
         """Start an episode: fresh database, the policy as system prompt, the user's opening."""
@@ -99,6 +102,7 @@ class TauEnv:
         parsed = from_openai_tool_calls(list(assistant.get("tool_calls") or []))
         errors = [str(e) for e in assistant.get("tool_call_errors") or []] + parsed.errors
         counts = _zero_counts()
+        self._user_s = 0.0
         counts["malformed"] = len(errors)
         counts["failed"] = len(errors)
         observations: list[Message] = [{"role": "tool", "content": f"Error: {e}"} for e in errors]
@@ -124,6 +128,7 @@ class TauEnv:
             "episode_tool_calls": dict(self._counts),
             "agent_messages": list(self.agent_messages),
             "done_reason": reason,
+            "user_s": self._user_s,
         }
         if self.user_error is not None:
             info["user_error"] = self.user_error
@@ -144,12 +149,15 @@ class TauEnv:
         """Send the agent's message to the user; returns the done reason or ``None``."""
         self.actions.append({"name": RESPOND_ACTION, "kwargs": {"content": content}})
         self.agent_messages.append(content)
+        start = time.perf_counter()
         try:
             reply = await self.user.respond(content)
         except Exception as exc:  # a user-simulator failure ends the episode, not the run
             observations.append({"role": "user", "content": ""})
             self.user_error = f"{type(exc).__name__}: {exc}"
             return "user_error"
+        finally:
+            self._user_s += time.perf_counter() - start
         observations.append({"role": "user", "content": reply})
         return "user_stop" if STOP_MARKER in reply else None
 
