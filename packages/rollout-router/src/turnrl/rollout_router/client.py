@@ -506,9 +506,13 @@ class EngineClient:
             raise ValueError(f"{path} is not a folder with *.safetensors weights")
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
         await self._call("POST", "/collective_rpc", body, timeout=600.0)
-        await self._call("POST", "/reset_prefix_cache")
+        await self.reset_prefix_cache()
         if weight_version is not None:
             await self.set_weight_version(weight_version)
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop the engine's cached prefixes (dev-mode route), e.g. between benchmark runs."""
+        await self._call("POST", "/reset_prefix_cache")
 
     async def set_weight_version(self, weight_version: str) -> None:
         """Tell the engine which weight version it now serves."""

