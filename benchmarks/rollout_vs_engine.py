@@ -44,7 +44,7 @@ from turnrl_app_tau.episodes import TauEpisodes
 from turnrl_app_tau.main import rollout_config, start_engines, tool_schemas
 from turnrl_app_tau.training import build_policy, make_user_factory
 
-from turnrl.grpo_core.loop.loop import episode_time_metrics
+from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
@@ -76,8 +76,7 @@ async def rollout(
     start, cpu = time.perf_counter(), time.process_time()
     samples = await episodes.generate(tasks, n)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    after = router.busy_seconds()
-    engine_busy = statistics.mean((after[u] - busy.get(u, 0.0)) / wall for u in after)
+    fractions = busy_fractions(busy, router.busy_seconds(), wall, "rollout")
     parts = episode_time_metrics(samples)
     generate_s = sum(s.timings.get("generate", 0.0) for s in samples)
     agent_s = sum(s.timings.get("agent", 0.0) for s in samples)
@@ -86,7 +85,7 @@ async def rollout(
         "client_cpu_s": cpu,
         "episodes": len(samples),
         "generated_tokens": sum(sum(s.loss_mask) for s in samples),
-        "engine_busy_frac": engine_busy,
+        "engine_busy_frac": fractions["rollout/engine_busy_frac"],
         "agent_over_engine": agent_s / generate_s if generate_s else 0.0,
         **{k.removeprefix("rollout/"): v for k, v in parts.items()},
     }
@@ -122,6 +121,13 @@ async def engine_alone(
     return {"wall_s": wall, "client_cpu_s": cpu, "requests": requests_sent, "tokens": tokens}
 
 
+async def reset_prefix_caches(urls: list[str]) -> None:
+    """Drop every engine's cached prefixes, so neither half reuses the other's."""
+    for url in urls:
+        async with EngineClient(url) as client:
+            await client.reset_prefix_cache()
+
+
 async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config = preset("cpu-default")
     config.seed = args.seed
@@ -146,13 +152,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )
             for repeat in range(args.repeats + 1):  # the first pair warms both paths up
                 recorder.requests.clear()
-                for url in urls:
-                    async with EngineClient(url) as client:
-                        await client.reset_prefix_cache()
+                await reset_prefix_caches(urls)
                 agent = await rollout(episodes, router, tasks, n)
-                for url in urls:
-                    async with EngineClient(url) as client:
-                        await client.reset_prefix_cache()
+                await reset_prefix_caches(urls)
                 alone = await engine_alone(urls[0], recorder.requests, rc.sampling, rc.max_inflight)
                 if repeat == 0:
                     continue

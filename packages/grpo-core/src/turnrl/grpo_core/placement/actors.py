@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 RAY_INSTALL_HINT = "pip install 'turnrl-grpo-core[ray]'"
-_DEVICE_OF = {"CPU": DeviceType.CPU, "GPU": DeviceType.CUDA, "NPU": DeviceType.NPU}
-"""The device of each of the plan's Ray accelerator names."""
+_DEVICE_OF = {device.ray_resource or "CPU": device for device in DeviceType}
+"""The device of each of the plan's Ray accelerator names (``CPU``, ``GPU``, ``NPU``)."""
 
 
 def require_ray() -> ModuleType:
