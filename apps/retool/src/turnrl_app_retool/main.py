@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import resource
 import sys
@@ -103,11 +102,9 @@ def build_base_model(config: RetoolAppConfig, folder: Path) -> Path:
 
 def sft_lr(sft: SFTStageConfig, step: int) -> float:
     """SFT learning rate of ``step`` (1-based): constant, or cosine from lr to min_lr_ratio x lr."""
-    if sft.lr_decay == "constant" or sft.num_steps <= 1:
-        return sft.lr
-    progress = (step - 1) / (sft.num_steps - 1)
-    floor = sft.lr * sft.min_lr_ratio
-    return floor + (sft.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    from turnrl.grpo_core.training.sft import scheduled_lr
+
+    return scheduled_lr(sft.lr, step - 1, sft.num_steps, sft.lr_decay, min_ratio=sft.min_lr_ratio)
 
 
 def run_sft_stage(
@@ -177,31 +174,57 @@ def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
         yield sandbox.url
 
 
-@contextlib.contextmanager
-def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[list[str]]:
-    """Start ``engine.num_engines`` vLLM servers for ``model``; yield their URLs; stop them."""
-    from turnrl.npu_runtime.net import free_port
-    from turnrl.rollout_router.engine import EngineServer, EngineSpec
+def engine_spec(config: RetoolAppConfig, model: Path, port: int = 8000) -> Any:
+    """One vLLM server for ``model`` as the config sets it."""
+    from turnrl.rollout_router.engine import EngineSpec
 
     e = config.engine
     extra = [*e.extra_args, "--seed", str(config.seed)]
     if e.max_num_seqs:
         extra += ["--max-num-seqs", str(e.max_num_seqs)]
+    return EngineSpec(
+        model=str(model),
+        device=e.device,
+        port=port,
+        max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
+        tensor_parallel_size=e.tensor_parallel_size,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        cpu_kvcache_gib=e.cpu_kvcache_gib,
+        extra_args=extra,
+    )
+
+
+@contextlib.contextmanager
+def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[tuple[list[str], Any]]:
+    """Start ``engine.num_engines`` vLLM servers for ``model``; yield their URLs and the Ray
+    run that placed them (None on the local runner, whose engines are child processes);
+    stop everything at exit."""
+    e = config.engine
+    if e.runner == "ray":
+        from turnrl.grpo_core.placement.actors import EngineLaunch
+        from turnrl.grpo_core.placement.plan import PlacementConfig
+        from turnrl.grpo_core.recipe import accelerator, ray_run
+
+        placement = PlacementConfig(
+            actor_num_gpus_per_node=e.trainer_ranks,
+            rollout_num_gpus=e.num_engines * e.tensor_parallel_size,
+            rollout_num_gpus_per_engine=e.tensor_parallel_size,
+            colocate=e.colocate,
+            accelerator=accelerator(e.device),
+        )
+        launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(log_dir))
+        with ray_run(placement, launch, torch_threads=config.model.torch_threads) as job:
+            yield list(job.engine_urls), job
+        return
+    from turnrl.npu_runtime.net import free_port
+    from turnrl.rollout_router.engine import EngineServer
+
     servers = []
     try:
         for _ in range(e.num_engines):
-            spec = EngineSpec(
-                model=str(model),
-                device=e.device,
-                port=free_port(),
-                max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
-                tensor_parallel_size=e.tensor_parallel_size,
-                gpu_memory_utilization=e.gpu_memory_utilization,
-                cpu_kvcache_gib=e.cpu_kvcache_gib,
-                extra_args=extra,
-            )
+            spec = engine_spec(config, model, free_port())
             servers.append(EngineServer(spec, log_dir=log_dir).start())
-        yield [s.url for s in servers]
+        yield [s.url for s in servers], None
     finally:
         for server in servers:
             server.stop()
@@ -277,7 +300,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         phases["sft_s"] = time.perf_counter() - t0
         phases["sft_cpu_s"] = time.process_time()
         console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")
-        with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as urls:
+        with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
             box = SandboxClient(
                 SandboxClientConfig(
                     url=url,
@@ -315,6 +338,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
                         run_dir,
                         logger,
                         console,
+                        job,
                     )
                 phases["rl_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -460,27 +484,12 @@ def render_curves(run_dir: Path, console: Console) -> list[Path]:
     return paths
 
 
-def check_supported(config: RetoolAppConfig) -> None:
-    """Refuse, naming it, a setting this app does not act on yet."""
-    if config.num_devices > 1:
-        raise ValueError(
-            f"preset {config.preset} is written for {config.num_devices} devices (trainer ranks "
-            "and engines placed across them); apps/retool trains in one process on one device "
-            "and does not place engines on devices of their own yet"
-        )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``uv run apps/retool``."""
     config, args = resolve(argv)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    try:
-        check_supported(config)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     asyncio.run(run(config))
     return 0
 

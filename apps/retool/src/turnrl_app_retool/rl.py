@@ -33,14 +33,10 @@ VERL_ALIASES = {
 """turnrl loop metric -> the verl name it is also logged under."""
 
 
-def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
-    """A TorchEngine with the RL stage's loss settings and learning rate ``lr``."""
+def trainer_config(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
+    """The TorchEngineConfig of a trainer (SFT's, or each RL rank's) at learning rate ``lr``."""
     from turnrl.grpo_core.algos import ActorLossConfig
-    from turnrl.grpo_core.training.torch_engine import (
-        OptimizerConfig,
-        TorchEngine,
-        TorchEngineConfig,
-    )
+    from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
     rl = config.rl
     loss = ActorLossConfig(
@@ -52,18 +48,23 @@ def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: in
         entropy_coef=rl.entropy_coef,
         loss_agg_mode=rl.loss_agg_mode,  # type: ignore[arg-type]
     )
-    return TorchEngine(
-        TorchEngineConfig(
-            model_path=str(model_path),
-            dtype=config.model.dtype,  # type: ignore[arg-type]
-            optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
-            loss=loss,
-            micro_batch_size=micro,
-            temperature=rl.temperature,
-            top_p=rl.top_p,
-            seed=config.seed,
-        )
+    return TorchEngineConfig(
+        model_path=str(model_path),
+        dtype=config.model.dtype,  # type: ignore[arg-type]
+        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
+        loss=loss,
+        micro_batch_size=micro,
+        temperature=rl.temperature,
+        top_p=rl.top_p,
+        seed=config.seed,
     )
+
+
+def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
+    """A TorchEngine in this process (SFT, and RL on the local runner)."""
+    from turnrl.grpo_core.training.torch_engine import TorchEngine
+
+    return TorchEngine(trainer_config(model_path, config, lr, micro))
 
 
 def step_line(step: int, metrics: dict[str, float]) -> str:
@@ -98,8 +99,12 @@ async def run_rl_stage(
     run_dir: Path,
     logger: StepLogger,
     console: Console,
+    job: Any = None,
 ) -> list[dict[str, float]]:
-    """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights.
+    """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights
+    (through disk). Trains in this process, or on the Ray runner's trainer ranks (``job``, a
+    ``RayGRPORun`` whose engines serve ``urls``); with the KL loss, against the frozen
+    ``policy`` as reference.
 
     Returns:
         Every step's metrics.
@@ -107,6 +112,7 @@ async def run_rl_stage(
     from transformers import AutoTokenizer
 
     from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
+    from turnrl.grpo_core.training.reference import ReferencePolicy
     from turnrl.grpo_core.weight_sync import DiskWeightSync
 
     rl = config.rl
@@ -119,7 +125,8 @@ async def run_rl_stage(
         rollout_shuffle=True,
         seed=config.seed,
     )
-    trainer = make_trainer(policy, config, rl.lr, rl.micro_batch_size)
+    trainer = trainer_config(policy, config, rl.lr, rl.micro_batch_size)
+    ref = {"micro_batch_size": rl.micro_batch_size, "temperature": rl.temperature}
     rl_settings = replace(
         settings,
         rollout=replace(
@@ -151,17 +158,35 @@ async def run_rl_stage(
                 task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
             )
 
-        loop = GRPOLoop(
-            loop_config,
-            trainer,
-            train,
-            generate,
-            reward,
-            weight_sync=DiskWeightSync(urls, run_dir / "weights"),
-            pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
-            on_metrics=on_metrics,
-            engine_busy=router.busy_seconds,
-        )
+        hooks: dict[str, Any] = {
+            "pad_id": AutoTokenizer.from_pretrained(policy).pad_token_id,
+            "on_metrics": on_metrics,
+            "engine_busy": router.busy_seconds,
+        }
+        if job is None:
+            reference = ReferencePolicy(policy, **ref) if rl.use_kl_loss else None
+            loop = GRPOLoop(
+                loop_config,
+                make_trainer(policy, config, rl.lr, rl.micro_batch_size),
+                train,
+                generate,
+                reward,
+                weight_sync=DiskWeightSync(urls, run_dir / "weights"),
+                reference=reference,
+                **hooks,
+            )
+        else:
+            group = job.start_trainers(trainer)
+            reference = group.build_reference(policy, **ref) if rl.use_kl_loss else None
+            loop = job.make_loop(
+                loop_config,
+                train,
+                generate,
+                reward,
+                sync_root=run_dir / "weights",
+                reference=reference,
+                **hooks,
+            )
         for _ in range(rl.num_rollout):
             if rl.dynamic_sampling:
                 samples, seconds, stats = await collect_informative(loop, rl)
@@ -171,5 +196,5 @@ async def run_rl_stage(
             step_stats.clear()
             step_stats.update(stats)
             await loop.learn(samples, seconds)
-    trainer.export_hf(run_dir / "model" / "rl")
+    loop.trainer.export_hf(run_dir / "model" / "rl")
     return loop.history

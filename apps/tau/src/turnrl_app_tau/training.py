@@ -13,17 +13,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from turnrl.grpo_core.placement.plan import PlacementConfig, plan_placement
+from turnrl.grpo_core.placement.plan import PlacementConfig
+from turnrl.grpo_core.recipe import accelerator, ray_run
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.sft import (
     SFTConfig,
@@ -31,6 +30,7 @@ from turnrl.grpo_core.training.sft import (
     SFTStop,
     build_sft_example,
     run_sft,
+    scheduled_lr,
 )
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
@@ -45,10 +45,6 @@ from turnrl_app_tau.data import (
     store_conversations,
 )
 from turnrl_app_tau.report import console
-
-if TYPE_CHECKING:
-    from turnrl.grpo_core.placement.trainer_group import RayGRPORun
-
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
     """The starting model folder (with ``reuse``, the one an earlier run built here).
@@ -232,13 +228,10 @@ def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
 
 def sft_lr(settings: TauSettings, step: int) -> float:
     """Learning rate of SFT step ``step`` (0-based): constant, or a 10-step linear warm-up
-    then cosine decay from ``sft_lr`` to a tenth of it."""
-    if settings.sft_lr_decay == "constant":
-        return settings.sft_lr
-    warm = min(1.0, (step + 1) / 10)
+    then cosine decay from ``sft_lr`` to a tenth of it over every SFT step."""
     total = settings.sft_prefix_steps + settings.sft_steps
-    cosine = 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
-    return settings.sft_lr * warm * (0.1 + 0.9 * cosine)
+    warmup = 10 if settings.sft_lr_decay == "cosine" else 0
+    return scheduled_lr(settings.sft_lr, step, total, settings.sft_lr_decay, warmup_steps=warmup)
 
 
 def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
@@ -305,53 +298,17 @@ def placement_config(config: TauAppConfig) -> PlacementConfig:
         rollout_num_gpus=max(1, c.rollout_num_gpus),
         rollout_num_gpus_per_engine=c.rollout_num_gpus_per_engine,
         colocate=c.colocate,
-        accelerator=ACCELERATOR_OF[c.device],
+        accelerator=accelerator(c.device),
     )
 
 
-ACCELERATOR_OF: dict[str, Any] = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
-"""``--device`` -> the Ray resource one device is."""
+def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Any:
+    """grpo-core's Ray run with engines serving ``model`` (the trainer ranks start later,
+    ``job.start_trainers``, from the SFT policy): a context manager stopping all at exit."""
+    from turnrl.grpo_core.placement.actors import EngineLaunch
 
-
-@contextlib.contextmanager
-def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Iterator[RayGRPORun]:
-    """grpo-core's RayGRPORun with its engines serving ``model`` started (the trainer ranks
-    are started later, ``job.start_trainers``, from the SFT policy); all stopped at exit.
-
-    Connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray sized to the
-    placement (and stops it after).
-    """
-    from turnrl.grpo_core.placement.actors import EngineLaunch, require_ray
-    from turnrl.grpo_core.placement.trainer_group import RayGRPORun
-
-    # Set before Ray is imported, which reads it: the actors reuse this environment as it is.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray = require_ray()
-    placement = placement_config(config)
-    started = not ray.is_initialized()
-    if started:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)
-        else:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine only
-            # Ray runs its workers at niceness 15; here they are the trainer and the engines,
-            # which would then lose every core to the app's own process (train steps +50%).
-            os.environ.setdefault("RAY_worker_niceness", "0")
-            bundles = plan_placement(placement).num_bundles
-            ray.init(num_cpus=bundles, include_dashboard=False, log_to_driver=False)
-    # Ray gives a 1-CPU actor one OpenMP thread; the trainer gets the local runner's count
-    # (--torch-threads, else torch's default of one per core).
-    threads = config.model.torch_threads or os.cpu_count() or 1
-    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(run_dir / "logs"))
-    job = RayGRPORun(placement, None, launch, env=env)
-    try:
-        job.start_engines()
-        yield job
-    finally:
-        job.shutdown()
-        if started:
-            ray.shutdown()
+    return ray_run(placement_config(config), launch, torch_threads=config.model.torch_threads)
 
 
 def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[[], UserSimulator]:

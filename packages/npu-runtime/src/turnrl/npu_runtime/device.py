@@ -167,17 +167,19 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceType:
 
 
 def resolve_device(device: DeviceType | str | None = None) -> DeviceType:
-    """``device`` as a :class:`DeviceType` (None: :func:`detect_device`).
+    """``device`` as a :class:`DeviceType` (None: :func:`detect_device`); ``gpu`` is read
+    as ``cuda`` (the apps' ``--device gpu``).
 
     Raises:
-        ValueError: ``device`` is not npu, cuda or cpu.
+        ValueError: ``device`` is not npu, cuda (gpu) or cpu.
     """
     if device is None:
         return detect_device()
     if isinstance(device, DeviceType):
         return device
     try:
-        return DeviceType(str(device).strip().lower())
+        name = str(device).strip().lower()
+        return DeviceType("cuda" if name == "gpu" else name)
     except ValueError:
         raise ValueError(
             f"unknown device {device!r}; use one of {', '.join(d.value for d in DeviceType)}"

@@ -17,6 +17,7 @@ shuffled order whose position is saved with checkpoints.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -26,6 +27,35 @@ from typing import Any
 import torch
 
 from turnrl.grpo_core.training.batch import TrainBatch, pad_sequences
+
+
+LR_DECAYS = ("constant", "cosine")
+"""Learning-rate schedules :func:`scheduled_lr` knows."""
+
+
+def scheduled_lr(
+    lr: float,
+    step: int,
+    total: int,
+    decay: str = "constant",
+    *,
+    warmup_steps: int = 0,
+    min_ratio: float = 0.1,
+) -> float:
+    """Learning rate of step ``step`` (0-based) of ``total``: a linear warm-up over
+    ``warmup_steps`` (lr x (step + 1) / warmup_steps), times ``constant`` (1) or ``cosine``
+    (from 1 at step 0 down to ``min_ratio`` at step ``total - 1``).
+
+    Raises:
+        ValueError: an unknown ``decay``.
+    """
+    if decay not in LR_DECAYS:
+        raise ValueError(f"lr decay must be one of {', '.join(LR_DECAYS)}, got {decay!r}")
+    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    if decay == "constant":
+        return lr * warm
+    progress = min(1.0, step / max(1, total - 1))
+    return lr * warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @dataclass(frozen=True)
