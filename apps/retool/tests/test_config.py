@@ -109,8 +109,17 @@ def test_presets_are_fresh_objects() -> None:
         (["--trainer-ranks", "0"], ">= 1"),
         (["--colocate", "--num-engines", "2"], "do not fit on 1 rank"),
         (
-            ["--preset", "qwen3-4b-gpu", "--hf-checkpoint", "m", "--runner", "local"]
-            + ["--trainer-ranks", "1", "--no-colocate"],
+            [
+                "--preset",
+                "qwen3-4b-gpu",
+                "--hf-checkpoint",
+                "m",
+                "--runner",
+                "local",
+                "--trainer-ranks",
+                "1",
+                "--no-colocate",
+            ],
             "without devices of their own",
         ),
     ],

@@ -111,9 +111,8 @@ async def run_rl_stage(
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
-    from turnrl.grpo_core.training.reference import ReferencePolicy
-    from turnrl.grpo_core.weight_sync import DiskWeightSync
+    from turnrl.grpo_core.loop import LoopConfig
+    from turnrl.grpo_core.recipe import build_loop
 
     rl = config.rl
     loop_config = LoopConfig(
@@ -125,8 +124,10 @@ async def run_rl_stage(
         rollout_shuffle=True,
         seed=config.seed,
     )
-    trainer = trainer_config(policy, config, rl.lr, rl.micro_batch_size)
-    ref = {"micro_batch_size": rl.micro_batch_size, "temperature": rl.temperature}
+    reference = None
+    if rl.use_kl_loss:  # the frozen SFT policy
+        reference = {"model_path": policy, "micro_batch_size": rl.micro_batch_size}
+        reference["temperature"] = rl.temperature
     rl_settings = replace(
         settings,
         rollout=replace(
@@ -158,35 +159,20 @@ async def run_rl_stage(
                 task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
             )
 
-        hooks: dict[str, Any] = {
-            "pad_id": AutoTokenizer.from_pretrained(policy).pad_token_id,
-            "on_metrics": on_metrics,
-            "engine_busy": router.busy_seconds,
-        }
-        if job is None:
-            reference = ReferencePolicy(policy, **ref) if rl.use_kl_loss else None
-            loop = GRPOLoop(
-                loop_config,
-                make_trainer(policy, config, rl.lr, rl.micro_batch_size),
-                train,
-                generate,
-                reward,
-                weight_sync=DiskWeightSync(urls, run_dir / "weights"),
-                reference=reference,
-                **hooks,
-            )
-        else:
-            group = job.start_trainers(trainer)
-            reference = group.build_reference(policy, **ref) if rl.use_kl_loss else None
-            loop = job.make_loop(
-                loop_config,
-                train,
-                generate,
-                reward,
-                sync_root=run_dir / "weights",
-                reference=reference,
-                **hooks,
-            )
+        loop = build_loop(
+            loop_config,
+            trainer_config(policy, config, rl.lr, rl.micro_batch_size),
+            train,
+            generate,
+            reward,
+            pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+            urls=urls,
+            sync_root=run_dir / "weights",
+            job=job,
+            reference=reference,
+            on_metrics=on_metrics,
+            engine_busy=router.busy_seconds,
+        )
         for _ in range(rl.num_rollout):
             if rl.dynamic_sampling:
                 samples, seconds, stats = await collect_informative(loop, rl)

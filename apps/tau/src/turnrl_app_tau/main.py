@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from turnrl.grpo_core.loop import GRPOLoop, load_function
+from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
-from turnrl.grpo_core.weight_sync import DiskWeightSync
+from turnrl.grpo_core.recipe import build_loop
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
@@ -55,7 +55,6 @@ from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
     engine_spec,
-    make_trainer,
     make_user_factory,
     pad_id_of,
     ray_job,
@@ -474,34 +473,19 @@ async def _train(
         "checkpoint_dir": str(run_dir / "checkpoints"),
         "engine_busy": engine_busy,
     }
-    if job is None:
-        trainer, reference, pad_id = make_trainer(config, policy)
-        weight_sync = DiskWeightSync(urls, run_dir / "weights")
-        loop = GRPOLoop(
-            config.loop,
-            trainer,
-            data.train,
-            generate_and_keep,
-            reward,
-            weight_sync=weight_sync,
-            pad_id=pad_id,
-            reference=reference,
-            **hooks,
-        )
-    else:
-        assert job.trainers is not None
-        ref = reference_kwargs(config, policy)
-        ray_reference = None if ref is None else job.trainers.build_reference(**ref)
-        loop = job.make_loop(
-            config.loop,
-            data.train,
-            generate_and_keep,
-            reward,
-            pad_id=pad_id_of(policy),
-            sync_root=run_dir / "weights",
-            reference=ray_reference,
-            **hooks,
-        )
+    loop = build_loop(
+        config.loop,
+        trainer_config(config, policy),
+        data.train,
+        generate_and_keep,
+        reward,
+        pad_id=pad_id_of(policy),
+        urls=urls,
+        sync_root=run_dir / "weights",
+        job=job,
+        reference=reference_kwargs(config, policy),
+        **hooks,
+    )
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     if checkpoint is not None:  # only a resumed run's folder has checkpoints already
         done = await loop.resume(checkpoint)

@@ -5,8 +5,9 @@
 - :func:`sft_warm_up`: SFT with loss on assistant tokens only, on every training task's
   gold conversation (``data.gold_conversation``), exported as a Hugging Face folder the
   engines reload.
-- :func:`make_trainer`: the torch training engine (and the frozen reference policy when
-  the KL loss is on).
+- :func:`trainer_config`, :func:`reference_kwargs`: what the GRPO trainer and the frozen
+  reference policy (KL loss on) are built from, here or on each Ray rank
+  (``turnrl.grpo_core.recipe.build_loop``).
 - :func:`make_user_factory`: the scripted customer, or an LLM user through litellm (a
   provider model, or ``local``: the policy engines themselves, as vime does).
 """
@@ -14,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.recipe import accelerator, ray_run
-from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.sft import (
     SFTConfig,
     SFTDataIterator,
@@ -45,6 +44,7 @@ from turnrl_app_tau.data import (
     store_conversations,
 )
 from turnrl_app_tau.report import console
+
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
     """The starting model folder (with ``reuse``, the one an earlier run built here).
@@ -262,16 +262,6 @@ def pad_id_of(policy: Path) -> int:
     """The tokenizer's pad id (0 when it has none)."""
     pad_id = _tokenizer(policy).pad_token_id
     return int(pad_id if pad_id is not None else 0)
-
-
-def make_trainer(
-    config: TauAppConfig, policy: Path
-) -> tuple[TorchEngine, ReferencePolicy | None, int]:
-    """The local GRPO trainer from ``policy``, the reference policy (KL loss on), the pad id."""
-    trainer = TorchEngine(trainer_config(config, policy))
-    ref = reference_kwargs(config, policy)
-    reference = None if ref is None else ReferencePolicy(ref.pop("model_path"), **ref)
-    return trainer, reference, pad_id_of(policy)
 
 
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:

@@ -4,12 +4,15 @@
   with a :class:`~turnrl.grpo_core.placement.trainer_group.RayGRPORun` placed on it, engines
   started, all stopped at exit; :func:`~turnrl.grpo_core.recipe.ray_run.accelerator` maps an
   app's ``--device`` to the Ray resource a device is.
+- :func:`~turnrl.grpo_core.recipe.loop.build_loop`: the RL stage's GRPOLoop with its
+  trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
 - :func:`~turnrl.grpo_core.training.sft.scheduled_lr`: the SFT stages' learning-rate schedule.
 
 Apps keep their presets, data, environments and rewards; a run of either app on the Ray
 runner goes through these same functions on a laptop CPU and on a cluster.
 """
 
+from turnrl.grpo_core.recipe.loop import build_loop
 from turnrl.grpo_core.recipe.ray_run import accelerator, ray_run
 
-__all__ = ["accelerator", "ray_run"]
+__all__ = ["accelerator", "build_loop", "ray_run"]

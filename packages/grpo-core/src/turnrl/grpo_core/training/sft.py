@@ -28,7 +28,6 @@ import torch
 
 from turnrl.grpo_core.training.batch import TrainBatch, pad_sequences
 
-
 LR_DECAYS = ("constant", "cosine")
 """Learning-rate schedules :func:`scheduled_lr` knows."""
 
