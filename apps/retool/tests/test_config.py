@@ -151,3 +151,14 @@ def test_placement_flags_reach_the_config() -> None:
     assert (e.runner, e.trainer_ranks, e.num_engines, e.colocate) == ("ray", 2, 2, True)
     local, _ = resolve(["--smoke", "--runner", "local"])
     assert local.engine.runner == "local" and resolve(["--smoke"])[0].engine.runner == "ray"
+
+
+def test_logger_flag_names_the_trackers() -> None:
+    config, _ = resolve(["--logger", "wandb, mlflow"])
+    assert config.logger == ["wandb", "mlflow"] and resolve([])[0].logger == []
+
+
+def test_an_unknown_tracker_is_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        resolve(["--logger", "wandb,neptune"])
+    assert "--logger neptune: known trackers are" in capsys.readouterr().err

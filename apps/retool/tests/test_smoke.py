@@ -10,6 +10,7 @@ process the app started (engine, sandbox, their helpers, orphans included) outli
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,10 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", sys.executable, str(APP)]
     proc = subprocess.run(
-        [*cmd, "--smoke", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=840
+        [*cmd, "--smoke", "--run-dir", str(run_dir), "--logger", "mlflow"],
+        capture_output=True,
+        text=True,
+        timeout=840,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 3: leftovers
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -52,3 +56,12 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert any("val-core/synth_arith/acc/mean@2" in x for x in val)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "model" / "rl" / "config.json").is_file()
+    # --logger mlflow: the same steps in a local MLflow store in the run folder
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads it at import
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "turnrl-retool"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    rewards = client.get_metric_history(run.info.run_id, "critic/rewards/mean")
+    assert sorted(m.step for m in rewards) == [1, 2]

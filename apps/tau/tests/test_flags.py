@@ -104,3 +104,19 @@ def test_placement_flags_act_on_the_ray_runner_only(dotted: str) -> None:
 def test_an_unknown_runner_is_refused() -> None:
     with pytest.raises(ValueError, match="runner must be one of"):
         resolve(["--runner", "slurm"], {})
+
+
+def test_max_off_policy_steps_needs_the_async_loop() -> None:
+    with pytest.raises(ValueError, match=r"--max-off-policy-steps 2: only the asynchronous loop"):
+        check_supported(resolve(["--max-off-policy-steps", "2"], {}).config)
+    config = resolve(["--async", "--max-off-policy-steps", "2"], {}).config
+    check_supported(config)
+    assert config.loop.asynchronous and config.loop.max_off_policy_steps == 2
+
+
+def test_logger_names_the_trackers_and_an_unknown_one_is_refused() -> None:
+    config = resolve(["--logger", "wandb,mlflow"], {}).config
+    check_supported(config)
+    assert config.logger == ["wandb", "mlflow"]
+    with pytest.raises(ValueError, match="--logger neptune: known trackers are"):
+        check_supported(resolve(["--logger", "neptune"], {}).config)

@@ -129,3 +129,21 @@ def test_smoke_run_on_the_local_runner(tmp_path: Path) -> None:
     history = summary["train_history"]
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_async_smoke_run_on_the_ray_runner(tmp_path: Path) -> None:
+    """--async: AsyncGRPOLoop on the Ray runner (staleness bound 1) trains every step; the
+    steps' samples are at most one weight version old, and each sync still reaches the
+    engine (a sample of the current version scores as the trainer does)."""
+    run_dir = tmp_path / "run"
+    args = ["--smoke", "--async", "--num-rollout", "3", "--run-dir", str(run_dir)]
+    _run_app(args, tmp_path, timeout=840)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["runner"] == "ray" and summary["steps"] == 3
+    history = summary["train_history"]
+    assert len(history) == 3
+    assert all(0 <= step["rollout/off_policy_steps_max"] <= 1 for step in history), history
+    assert all(step["perf/sync_total_s"] > 0 for step in history)
+    assert (run_dir / "checkpoints" / "step_3").is_dir()

@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="render the tool schema into prompts (default: the preset's)",
     )
     parser.add_argument(
+        "--logger",
+        default=None,
+        metavar="NAMES",
+        help="experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
+    )
+    parser.add_argument(
         "--colocate",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -148,6 +154,8 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
         config.data.tool_schema_in_prompt = args.tool_schema_in_prompt
     if args.dynamic_sampling is not None:
         config.rl.dynamic_sampling = args.dynamic_sampling
+    if args.logger is not None:
+        config.logger = [name.strip() for name in args.logger.split(",") if name.strip()]
     if args.colocate is not None:
         config.engine.colocate = args.colocate
     if args.use_kl_loss:

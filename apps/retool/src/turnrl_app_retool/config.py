@@ -256,6 +256,10 @@ class RetoolAppConfig:
     """Run folder [--run-dir]; default ``runs/retool-<timestamp>``."""
     seed: int = 0
     """Seed of data generation, model initialisation and sampling [--seed]."""
+    logger: list[str] = field(default_factory=list)
+    """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
+    mlflow, swanlab, offline / local files in the run folder unless their own environment
+    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
 
     def validate(self) -> RetoolAppConfig:
         """Check cross-field rules; returns self.
@@ -295,6 +299,10 @@ class RetoolAppConfig:
             raise ValueError(f"model.torch_threads must be >= 0, got {self.model.torch_threads}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
+        from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
+
+        if unknown := sorted(set(self.logger) - set(KNOWN_TRACKERS)):
+            raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
         e = self.engine
         if e.runner not in ("local", "ray"):
             raise ValueError(f"--runner must be local or ray, got {e.runner!r}")

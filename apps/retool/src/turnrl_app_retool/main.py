@@ -289,8 +289,12 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
     phases: dict[str, float] = {}
     datasets = Datasets(config, DEFAULT_INSTRUCTION)
     from turnrl.grpo_core.observe.logger import StepLogger
+    from turnrl.grpo_core.observe.trackers import make_trackers
 
-    with StepLogger(run_dir, console=False) as logger:
+    trackers = make_trackers(
+        config.logger, run_dir, "turnrl-retool", run_dir.name, config.to_dict()
+    )
+    with StepLogger(run_dir, console=False, trackers=trackers) as logger:
         t0 = time.perf_counter()
         policy = build_base_model(config, run_dir / "model" / "base")
         sft_loss = None
@@ -351,6 +355,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         summary = make_summary(
             config, before, after, history, phases, time.perf_counter() - start, per_problem
         )
+        summary.update(runner=config.engine.runner, engine_urls=urls, train_history=history)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     render_curves(run_dir, console)
     console.print(results_table(summary))

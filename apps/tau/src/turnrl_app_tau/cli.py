@@ -109,6 +109,12 @@ def _comma_list(text: str) -> list[str]:
 _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
     ("--seed", "seed", int, "global seed"),
+    (
+        "--logger",
+        "logger",
+        _comma_list,
+        "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
+    ),
     ("--device", "cluster.device", str, "cpu, gpu or npu"),
     (
         "--runner",
@@ -117,6 +123,18 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
         "local (one process) or ray (trainer ranks and engines on Ray)",
     ),
     ("--micro-batch-size", "parallel.micro_batch_size", int, "sequences per micro-batch"),
+    (
+        "--async",
+        "loop.asynchronous",
+        "on",
+        "rollouts of later steps overlap training (train_async)",
+    ),
+    (
+        "--max-off-policy-steps",
+        "loop.max_off_policy_steps",
+        int,
+        "with --async: most steps a trained sample may lag the trainer's weights (default 1)",
+    ),
     ("--eval-interval", "loop.eval_interval", int, "evaluate every N steps (0: only before/after)"),
     ("--save-interval", "loop.save_interval", int, "checkpoint every N steps (0: only at the end)"),
     ("--tau-bench-dir", "tau.tau_bench_dir", str, "tau-bench data folder (<domain>/ inside)"),

@@ -292,6 +292,10 @@ class TauAppConfig:
     """Run folder [--run-dir]; None: runs/tau-<timestamp>."""
     seed: int = 1234
     """Global seed [--seed]."""
+    logger: list[str] = field(default_factory=list)
+    """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
+    mlflow, swanlab, offline / local files in the run folder unless their own environment
+    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy model."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

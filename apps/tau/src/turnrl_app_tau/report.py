@@ -36,16 +36,17 @@ class Phases:
 
 
 class Scalars:
-    """Scalars of every step: ``metrics.jsonl`` and TensorBoard (grpo-core's ``StepLogger``).
+    """Scalars of every step: ``metrics.jsonl``, TensorBoard and the ``--logger`` trackers
+    (grpo-core's ``StepLogger``).
 
     Appends when the files exist (a resumed run); TensorBoard is skipped, with a warning,
     when the ``tensorboard`` package is missing.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, trackers: list[Any] | None = None) -> None:
         from turnrl.grpo_core.observe.logger import StepLogger
 
-        self.logger = StepLogger(run_dir, console=False)
+        self.logger = StepLogger(run_dir, console=False, trackers=trackers)
 
     def add(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
         """Write every metric at ``step``."""

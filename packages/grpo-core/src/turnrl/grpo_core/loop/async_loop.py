@@ -276,3 +276,9 @@ def _warn_without_tis(trainer: Any, config: LoopConfig) -> None:
             "corrects for the stale rollout policy (set tis_cap, e.g. 2.0)",
             stacklevel=3,
         )
+
+
+def loop_class(config: LoopConfig) -> type[GRPOLoop]:
+    """The loop ``config`` asks for: :class:`AsyncGRPOLoop` with ``asynchronous``, else
+    :class:`GRPOLoop`."""
+    return AsyncGRPOLoop if config.asynchronous else GRPOLoop

@@ -46,13 +46,17 @@ class LoopConfig:
     """Save a training checkpoint every this many steps; 0 never [--save-interval]."""
     seed: int = 1234
     """Seed of the prompt order [--seed]."""
+    asynchronous: bool = False
+    """Generate the next steps' rollouts while this one trains
+    (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`, slime's ``train_async.py``)
+    instead of one rollout -> train -> sync step after the other [--async]."""
     max_off_policy_steps: int = 1
     """Asynchronous mode only (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`): a
     group generated with weights of version ``v`` may be trained at steps ``<= v + N``
     (at most N steps off-policy); staler groups are aborted or dropped. 0 trains on-policy
     only (no overlap). slime's ``train_async.py`` is fixed at 1; verl's fully-async
-    ``staleness_threshold`` plays this role [--max-off-policy-steps]. The synchronous
-    :class:`~turnrl.grpo_core.loop.loop.GRPOLoop` ignores it."""
+    ``staleness_threshold`` plays this role [--max-off-policy-steps]. Apps refuse a
+    non-default value without ``asynchronous`` (the synchronous loop does not read it)."""
 
     def __post_init__(self) -> None:
         for name in (

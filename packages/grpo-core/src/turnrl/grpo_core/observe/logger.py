@@ -6,7 +6,8 @@
   it prints that line, appends every scalar to ``run_dir/metrics.jsonl`` and writes it to
   TensorBoard under ``run_dir/tensorboard`` (``torch.utils.tensorboard``; needs the
   ``tensorboard`` package, extra ``report``). Sample trajectories go to TensorBoard's text
-  tab as code blocks and to ``run_dir/samples.jsonl``.
+  tab as code blocks and to ``run_dir/samples.jsonl``. Optional experiment trackers
+  (W&B, MLflow, SwanLab; :mod:`~turnrl.grpo_core.observe.trackers`) get every step's scalars.
 * :func:`progress` is a rich progress bar that stays silent when stdout is not a terminal
   (CI logs, ``nohup``) or when ``TURNRL_NO_PROGRESS=1``.
 
@@ -29,6 +30,8 @@ from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from turnrl.grpo_core.observe.trackers import Tracker, close_trackers
 
 NO_PROGRESS_ENV = "TURNRL_NO_PROGRESS"
 """Set to ``1`` to silence every progress bar."""
@@ -122,7 +125,7 @@ def _seconds(value: float) -> str:
 
 
 class StepLogger:
-    """Logs every step of a run: console line, ``metrics.jsonl`` and TensorBoard.
+    """Logs every step of a run: console line, ``metrics.jsonl``, TensorBoard and trackers.
 
     Pass it as ``GRPOLoop(..., on_metrics=StepLogger(run_dir))``; it is called as
     ``logger(step, metrics)``. Use it as a context manager (or call :meth:`close`) so the
@@ -135,6 +138,10 @@ class StepLogger:
         tensorboard: Write TensorBoard events to ``run_dir/tensorboard``. Without the
             ``tensorboard`` package this warns once per process and writes none.
         total: The run's number of steps, for the console line (``step 3/200``).
+        trackers: Experiment trackers (:func:`~turnrl.grpo_core.observe.trackers.make_trackers`:
+            W&B, MLflow, SwanLab) that get every step's scalars as ``tracker.log(step,
+            scalars)``, under the same metric names. The logger owns them: :meth:`close`
+            closes them.
     """
 
     def __init__(
@@ -144,8 +151,13 @@ class StepLogger:
         console: bool = True,
         tensorboard: bool = True,
         total: int | None = None,
+        trackers: Sequence[Tracker] | None = None,
     ) -> None:
         _check_total(total)
+        self.trackers: list[Tracker] = list(trackers or ())
+        for tracker in self.trackers:
+            if not isinstance(tracker, Tracker):
+                raise TypeError(f"tracker {tracker!r} needs log(step, scalars) and close()")
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise NotADirectoryError(f"run_dir {self.run_dir} exists and is not a folder")
@@ -156,7 +168,8 @@ class StepLogger:
         self.writer: Any = _summary_writer(self.run_dir / "tensorboard") if tensorboard else None
 
     def __call__(self, step: int, metrics: dict[str, float], phase: str | None = None) -> None:
-        """Record one step: print its line, append it to ``metrics.jsonl``, write TensorBoard.
+        """Record one step: print its line, append it to ``metrics.jsonl``, write TensorBoard,
+        send the scalars to every tracker.
 
         ``phase`` (e.g. ``sft``, ``rl``, ``val``) is stored in the ``metrics.jsonl`` line, for
         runs whose stages count their own steps.
@@ -185,6 +198,8 @@ class StepLogger:
             self.writer.flush()
         if self.console:
             print(line, flush=True)
+        for tracker in self.trackers:
+            tracker.log(step, dict(scalars))
 
     def log_samples(self, step: int, samples: Sequence[str], tag: str = "rollout/samples") -> None:
         """Record sample trajectories (decoded text) of a step.
@@ -212,7 +227,10 @@ class StepLogger:
             self.writer.flush()
 
     def close(self) -> None:
-        """Flush and close the files (safe to call twice)."""
+        """Flush and close the files and the trackers (safe to call twice).
+
+        Every tracker is closed even when one fails; the first failure is raised after.
+        """
         for handle in (self._metrics, self._samples):
             if handle is not None:
                 handle.close()
@@ -220,6 +238,8 @@ class StepLogger:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        trackers, self.trackers = self.trackers, []
+        close_trackers(trackers)
 
     def _open_metrics(self) -> IO[str]:
         if self._metrics is None:

@@ -418,7 +418,9 @@ class RayGRPORun:
         checkpoint_dir: str | Path | None = None,
         engine_busy: BusyFn | None = None,
     ) -> GRPOLoop:
-        """A :class:`GRPOLoop` training with the trainer group, syncing the engines by disk.
+        """A :class:`GRPOLoop` training with the trainer group, syncing the engines by disk
+        (an :class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop` when
+        ``config.asynchronous``).
 
         Args:
             config, prompts, generate, reward, pad_id, reference, evaluate, on_metrics,
@@ -434,7 +436,9 @@ class RayGRPORun:
             if sync_root is None:
                 raise ValueError("the run has engines: give sync_root for the weight sync")
             weight_sync = DiskWeightSync(self.engine_urls, sync_root, keep_last=keep_last)
-        return GRPOLoop(
+        from turnrl.grpo_core.loop.async_loop import loop_class
+
+        return loop_class(config)(
             config,
             self.trainers,
             prompts,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from turnrl.grpo_core.loop.async_loop import loop_class
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import GenerateFn, GRPOLoop, RewardFn
 
@@ -30,7 +31,9 @@ def build_loop(
     reference: dict[str, Any] | None = None,
     **hooks: Any,
 ) -> GRPOLoop:
-    """A :class:`GRPOLoop` training ``trainer`` and pushing its weights to the engines.
+    """A :class:`GRPOLoop` training ``trainer`` and pushing its weights to the engines (an
+    ``AsyncGRPOLoop`` when ``config.asynchronous``: drive it with ``run``, which overlaps
+    the steps' rollouts with training).
 
     Args:
         config, prompts, generate, reward, pad_id: As for :class:`GRPOLoop`.
@@ -54,7 +57,7 @@ def build_loop(
         if reference is not None:
             kwargs = dict(reference)
             ref = ReferencePolicy(kwargs.pop("model_path"), **kwargs)
-        return GRPOLoop(
+        return loop_class(config)(
             config,
             TorchEngine(trainer),
             prompts,
