@@ -1,4 +1,6 @@
-"""GRPO step time of apps/tau through the Ray runner against the local one, in one run (JSON out).
+"""GRPO step time of apps/tau: Ray runner vs local, or async vs sync loop, in one run (JSON out).
+
+``--compare runner`` (default):
 
 The same app config runs twice, one runner after the other, from the same starting weights
 (``--hf-checkpoint``, SFT off, so both RL phases start equal): ``--runner local`` (one
@@ -7,10 +9,16 @@ RayGRPORun: a local Ray, the trainer rank and the engine as Ray actors). For eac
 of ``perf/step_s`` and of its parts (rollout, train, sync) over the steps after the first
 (warm-up), and the start-up phases; then the ratio ray / local of the mean step time.
 
+``--compare async``: both on the Ray runner, the synchronous loop then ``--async``
+(AsyncGRPOLoop, staleness 1: the next step's rollouts overlap this step's training and
+sync). Step times of the two loops are measured differently (the async step excludes the
+rollout time it hid), so the figure to compare is the RL phase's wall time per step
+(``phase rl`` / steps), reported as ``ratio ... rl seconds per step``.
+
 Usage (an SFT model from any tau run, e.g. ``runs/tau-.../model/sft``)::
 
     python benchmarks/ray_runner.py --hf-checkpoint RUN/model/sft [--num-rollout 8] \\
-        [--out docs/benchmarks/ray_runner.json] [-- more app flags]
+        [--compare runner|async] [--out docs/benchmarks/ray_runner.json] [-- more app flags]
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``).
 Run it on a quiet machine: rollouts dominate a step and share the cores with everything.
@@ -31,15 +39,19 @@ from typing import Any
 APP = Path(__file__).resolve().parents[1] / "apps" / "tau"
 PARTS = ("perf/step_s", "perf/rollout_s", "perf/train_s", "perf/sync_s")
 STARTUP = ("engine start (rest)", "trainers start", "rl")
+VARIANTS = {
+    "runner": {"local": ["--runner", "local"], "ray": ["--runner", "ray"]},
+    "async": {"sync": ["--runner", "ray"], "async": ["--runner", "ray", "--async"]},
+}
+"""``--compare`` -> (baseline, variant) names and their app flags."""
 
 
-def run_app(runner: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+def run_app(variant: list[str], args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """One app run; its summary.json, with the wall time of the whole process."""
     cmd = [
         sys.executable,
         str(APP),
-        "--runner",
-        runner,
+        *variant,
         "--run-dir",
         str(run_dir),
         "--hf-checkpoint",
@@ -57,7 +69,7 @@ def run_app(runner: str, args: argparse.Namespace, run_dir: Path) -> dict[str, A
     wall = time.perf_counter() - began
     if proc.returncode:
         sys.exit(
-            f"{runner} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            f"{' '.join(variant)} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
         )
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     summary["process_seconds"] = wall
@@ -72,6 +84,7 @@ def step_figures(summary: dict[str, Any]) -> dict[str, float]:
     for phase in STARTUP:
         out[f"phase {phase}"] = summary["phase_seconds"].get(phase, 0.0)
     out["process seconds"] = summary["process_seconds"]
+    out["rl seconds per step"] = out["phase rl"] / len(summary["train_history"])
     return out
 
 
@@ -80,18 +93,19 @@ def main() -> None:
     parser.add_argument("--hf-checkpoint", required=True, help="starting weights of both runs")
     parser.add_argument("--num-rollout", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--compare", choices=sorted(VARIANTS), default="runner")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("app_flags", nargs="*", help="more flags for both runs (after --)")
     args = parser.parse_args()
     if args.num_rollout < 2:
         sys.exit("--num-rollout must be >= 2 (the first step is warm-up)")
     results: dict[str, Any] = {"num_rollout": args.num_rollout, "app_flags": args.app_flags}
+    (base, variant) = VARIANTS[args.compare]
     with tempfile.TemporaryDirectory() as tmp:
-        for runner in ("local", "ray"):
-            results[runner] = step_figures(run_app(runner, args, Path(tmp) / runner))
-    results["ratio ray/local mean perf/step_s"] = (
-        results["ray"]["mean perf/step_s"] / results["local"]["mean perf/step_s"]
-    )
+        for name, flags in VARIANTS[args.compare].items():
+            results[name] = step_figures(run_app(flags, args, Path(tmp) / name))
+    for key in ("mean perf/step_s", "rl seconds per step"):
+        results[f"ratio {variant}/{base} {key}"] = results[variant][key] / results[base][key]
     text = json.dumps(results, indent=2)
     print(text)
     if args.out is not None:

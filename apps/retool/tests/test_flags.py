@@ -1,0 +1,70 @@
+"""Every flag of the retool app sets a field that the app (or grpo-core) reads."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import turnrl_app_retool
+from turnrl_app_retool.cli import _OVERRIDES, build_parser
+from turnrl_app_retool.config import RetoolAppConfig
+
+
+def _attributes_read() -> set[str]:
+    """Attribute names loaded outside config.py / cli.py, in the app and in grpo-core (a name
+    check: a field nothing reads at all fails; one sharing its name with another passes)."""
+    import turnrl.grpo_core
+
+    root = Path(turnrl_app_retool.__file__).parent
+    paths = [p for p in root.glob("*.py") if p.name not in ("config.py", "cli.py")]
+    paths += [p for r in turnrl.grpo_core.__path__ for p in Path(r).rglob("*.py")]
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                names.add(node.attr)
+    return names
+
+
+def test_every_override_sets_a_field_something_reads() -> None:
+    read = _attributes_read()
+    silent = [flag for flag, (_, name, _) in _OVERRIDES.items() if name not in read]
+    assert not silent, f"flags whose field nothing reads: {silent}"
+
+
+def test_every_config_field_is_read() -> None:
+    read = _attributes_read()
+    config = RetoolAppConfig()
+    silent = []
+    for section in dataclasses.fields(config):
+        value = getattr(config, section.name)
+        names = (
+            [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else []
+        )
+        silent += [f"{section.name}.{n}" for n in names if n not in read]
+    assert not silent, f"config fields nothing reads: {silent}"
+
+
+def test_every_parser_option_is_a_known_flag() -> None:
+    """A flag added to the parser by hand is one the tests above do not see: list them."""
+    by_hand = {
+        a.option_strings[0]
+        for a in build_parser()._actions
+        if a.option_strings and a.option_strings[0] not in _OVERRIDES
+    }
+    assert by_hand == {
+        "-h",
+        "--preset",
+        "--smoke",
+        "--val-data",
+        "--no-sft",
+        "--no-rl",
+        "--use-kl-loss",
+        "--sandbox-insecure",
+        "--dynamic-sampling",
+        "--tool-schema-in-prompt",
+        "--logger",
+        "--colocate",
+        "--print-config",
+    }
