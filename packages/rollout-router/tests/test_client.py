@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import aiohttp
@@ -131,6 +132,26 @@ async def test_engine_killed_mid_stream_raises_partial(make_engine):
             await task
         assert err.value.partial is not None and len(err.value.partial.token_ids) > 0
         assert client.num_in_flight == 0
+
+
+async def test_a_pooled_connection_the_engine_closed_is_sent_again(make_engine):
+    """The engine drops idle keep-alive connections (vLLM after 5 s) while this event loop
+    is blocked (a trainer starting): the pooled connections are dead when the next requests
+    go out. Each request is sent once more on a fresh connection, and only once: the engine
+    sees every generation and control call exactly once."""
+    engine = await make_engine(keepalive_timeout=0.2)
+    params = SamplingParams(max_tokens=4)
+    async with EngineClient(engine.url) as client:
+        await asyncio.gather(*[client.generate([1, 2], params) for _ in range(8)])
+        time.sleep(0.6)  # blocks the loop: the engine's closes go unread
+        gens = await asyncio.gather(*[client.generate([1, 2], params) for _ in range(8)])
+        assert [g.token_ids for g in gens] == [[3, 4, 5, 6]] * 8
+        assert len(engine.requests) == 16
+        await client.pause("wait")
+        time.sleep(0.6)
+        assert await client.is_paused()
+        await client.resume()
+    assert [path for path, _ in engine.rl_calls].count("/pause?mode=wait") == 1
 
 
 async def test_unreachable_engine_and_5xx_are_retryable_errors(make_engine):

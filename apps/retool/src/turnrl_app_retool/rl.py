@@ -10,6 +10,7 @@ console line with the number of groups the filter dropped.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,9 +160,12 @@ async def run_rl_stage(
                 task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
             )
 
+        trainer = trainer_config(policy, config, rl.lr, rl.micro_batch_size)
+        if job is not None:  # off the event loop: the router's connections stay served
+            await asyncio.to_thread(job.start_trainers, trainer)
         loop = build_loop(
             loop_config,
-            trainer_config(policy, config, rl.lr, rl.micro_batch_size),
+            trainer,
             train,
             generate,
             reward,

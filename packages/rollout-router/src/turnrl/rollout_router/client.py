@@ -49,6 +49,12 @@ PAUSE_MODES = ("abort", "wait", "keep")
 ABORT_RESEND_S = 0.5
 """Seconds between repeated aborts of requests that are still running."""
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+STALE_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
+"""Failures of a request that got no answer: most often a pooled keep-alive connection the
+server closed while this process was not reading its sockets (vLLM's server drops idle
+ones after 5 s; an event loop blocked longer, e.g. by a trainer starting, misses it), or a
+refused connection. Such a request is sent once more, on a fresh connection; its server
+processed nothing of it."""
 
 
 def engine_request_id(request_id: str) -> str:
@@ -141,20 +147,27 @@ class EngineClient:
     async def _call(
         self, method: str, path: str, body: Any = None, *, timeout: float = 60.0
     ) -> Any:
-        """One JSON call; returns the decoded body (or None when empty)."""
-        try:
-            async with self._http().request(
-                method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                text = await resp.text()
-                if resp.status >= 400:
-                    msg = f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}"
-                    if resp.status < 500:
-                        raise EngineRequestError(msg, resp.status)
-                    raise EngineError(msg)
-                return json.loads(text) if text.strip() else None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineUnavailableError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+        """One JSON call; returns the decoded body (or None when empty). Sent again once
+        when the connection failed before any answer (:data:`STALE_CONNECTION`)."""
+        for attempt in (0, 1):
+            answered = False
+            try:
+                async with self._http().request(
+                    method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as resp:
+                    answered = True
+                    text = await resp.text()
+                    if resp.status >= 400:
+                        msg = f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}"
+                        if resp.status < 500:
+                            raise EngineRequestError(msg, resp.status)
+                        raise EngineError(msg)
+                    return json.loads(text) if text.strip() else None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if attempt == 0 and not answered and isinstance(exc, STALE_CONNECTION):
+                    continue
+                raise EngineUnavailableError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+        raise AssertionError("unreachable")
 
     # --------------------------------------------------------------- generation
     @property
@@ -244,35 +257,41 @@ class EngineClient:
 
     async def _stream(self, body: dict[str, Any], out: Generation, flight: _Flight) -> None:
         where = f"{self.url}/inference/v1/generate"
-        try:
-            async with self._http().post(where, json=body) as resp:
-                flight.close = resp.close
-                if resp.status >= 400:
-                    text = (await resp.text())[:500]
-                    if resp.status < 500:
-                        raise EngineRequestError(
-                            f"{where} -> HTTP {resp.status}: {text}", resp.status
-                        )
-                    raise EngineUnavailableError(f"{where} -> HTTP {resp.status}: {text}")
-                async for raw in sse_lines(resp.content):
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    finished = self._add_chunk(json.loads(data), out)
-                    flight.num_tokens = len(out.token_ids)
-                    if finished:
-                        return
-        except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
-            # RuntimeError("Connection closed."): aiohttp, once flight.close() has run
-            if flight.aborted:  # the engine may close the stream instead of a final chunk
-                out.finish_reason = "abort"
-                return
-            if isinstance(exc, RuntimeError):
-                raise
-            self._fail(out, f"{where}: {exc!r}", exc)
+        for attempt in (0, 1):
+            answered = False
+            try:
+                async with self._http().post(where, json=body) as resp:
+                    answered = True
+                    flight.close = resp.close
+                    if resp.status >= 400:
+                        text = (await resp.text())[:500]
+                        if resp.status < 500:
+                            raise EngineRequestError(
+                                f"{where} -> HTTP {resp.status}: {text}", resp.status
+                            )
+                        raise EngineUnavailableError(f"{where} -> HTTP {resp.status}: {text}")
+                    async for raw in sse_lines(resp.content):
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        finished = self._add_chunk(json.loads(data), out)
+                        flight.num_tokens = len(out.token_ids)
+                        if finished:
+                            return
+                break
+            except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+                # RuntimeError("Connection closed."): aiohttp, once flight.close() has run
+                if flight.aborted:  # the engine may close the stream instead of a final chunk
+                    out.finish_reason = "abort"
+                    return
+                if isinstance(exc, RuntimeError):
+                    raise
+                if attempt == 0 and not answered and isinstance(exc, STALE_CONNECTION):
+                    continue  # nothing reached the engine: send it again
+                self._fail(out, f"{where}: {exc!r}", exc)
         if flight.aborted:
             out.finish_reason = "abort"
             return

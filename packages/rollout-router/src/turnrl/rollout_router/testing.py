@@ -68,6 +68,8 @@ class FakeEngine:
     """Reported in ``/v1/completions`` answers (``model``) to show where a request went."""
     port: int = 0
     """Port (0 picks a free one at start)."""
+    keepalive_timeout: float = 75.0
+    """Seconds an idle keep-alive connection stays open (vLLM's server: 5)."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Bodies of the generation requests received."""
     aborted: set[str] = field(default_factory=set)
@@ -104,7 +106,11 @@ class FakeEngine:
         app.router.add_get("/is_paused", self._is_paused)
         self.port = self.port or free_port()
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=0.1
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=0.1,
+            keepalive_timeout=self.keepalive_timeout,
         )
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
