@@ -107,6 +107,7 @@ def test_presets_are_fresh_objects() -> None:
         (["--runner", "local", "--trainer-ranks", "2"], "need --runner ray"),
         (["--runner", "local", "--colocate"], "need --runner ray"),
         (["--trainer-ranks", "0"], ">= 1"),
+        (["--eval-interval", "-1"], "--eval-interval must be >= 0"),
         (["--colocate", "--num-engines", "2"], "do not fit on 1 rank"),
         (
             [
@@ -143,6 +144,11 @@ def test_resolved_config_is_saved(tmp_path: Path) -> None:
     assert saved["preset"] == "smoke" and saved["seed"] == 3
     assert saved["rl"]["num_rollout"] == config.rl.num_rollout
     assert saved["sandbox"]["url"] is None
+
+
+def test_eval_interval_reaches_the_rl_stage() -> None:
+    assert resolve(["--eval-interval", "5"])[0].rl.eval_interval == 5
+    assert resolve([])[0].rl.eval_interval == 0
 
 
 def test_placement_flags_reach_the_config() -> None:

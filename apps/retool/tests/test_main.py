@@ -172,3 +172,14 @@ def test_sft_learning_rate_schedules() -> None:
     assert sft_lr(SFTStageConfig(lr=0.5), 3) == 0.5
     with pytest.raises(SystemExit):
         resolve(["--sft-lr-decay", "linear"])
+
+
+def test_a_folder_holding_a_run_is_refused_and_left_alone(tmp_path: Path, capsys) -> None:
+    from turnrl_app_retool.main import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["--smoke", "--run-dir", str(tmp_path)]) == 2
+    assert "already holds a run (metrics.jsonl)" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (tmp_path / "config.json").read_text() == "{}"

@@ -25,7 +25,7 @@ APP = Path(__file__).resolve().parents[1]
 def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = ["--smoke", "--trainer-ranks", "2", "--num-engines", "2", "--colocate"]
-    args += ["--run-dir", str(run_dir)]
+    args += ["--eval-interval", "1", "--run-dir", str(run_dir)]
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     proc = subprocess.run(
         [*supervise, sys.executable, str(APP), *args], capture_output=True, text=True, timeout=900
@@ -38,3 +38,6 @@ def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
         assert step["train/mismatch_abs_diff"] < 0.01, step
         assert step["perf/sync_total_s"] > 0
     assert (run_dir / "model" / "rl" / "config.json").is_file()
+    # --eval-interval 1: validation before RL, after step 1, and after RL (step 2)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["phase"] == "val"] == [0, 1, 2]

@@ -16,10 +16,11 @@ from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauSettings, smoke
 from turnrl_app_tau.data import TASK_KINDS, load_tasks_and_domain
 from turnrl_app_tau.episodes import standard_error
-from turnrl_app_tau.main import load_progress, main
+from turnrl_app_tau.main import main
 from turnrl_app_tau.report import Scalars, render_run_curves, verdict
 from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
 
+from turnrl.grpo_core.recipe import load_progress
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
 
 
@@ -56,8 +57,10 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(tmp_path: Path) -> None:
     step = tmp_path / "checkpoints" / "step_2"
     step.mkdir(parents=True)
     (step / TRAINER_STATE).write_text("{}")
+    (tmp_path / "config.json").write_text('{"preset": "earlier"}')
     assert main(["--smoke", "--run-dir", str(tmp_path)]) == 2
     assert not (tmp_path / "summary.json").exists()
+    assert (tmp_path / "config.json").read_text() == '{"preset": "earlier"}'  # not rewritten
 
 
 def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--sft-probe-interval": ("sft", "probe_interval", int),
     "--sft-max-seconds": ("sft", "max_seconds", float),
     "--num-rollout": ("rl", "num_rollout", int),
+    "--eval-interval": ("rl", "eval_interval", int),
     "--rollout-batch-size": ("rl", "rollout_batch_size", int),
     "--n-samples-per-prompt": ("rl", "n_samples_per_prompt", int),
     "--global-batch-size": ("rl", "global_batch_size", int),

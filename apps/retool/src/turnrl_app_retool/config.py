@@ -109,6 +109,9 @@ class RLStageConfig:
     """Run the RL stage [--no-rl skips it]."""
     num_rollout: int = 30
     """Rollout/train steps [--num-rollout]."""
+    eval_interval: int = 0
+    """Evaluate the validation sets every this many RL steps besides before and after RL;
+    0: only before and after [--eval-interval] (verl's ``trainer.test_freq``)."""
     rollout_batch_size: int = 8
     """Prompts per step [--rollout-batch-size] (verl's train batch size)."""
     n_samples_per_prompt: int = 8
@@ -297,6 +300,8 @@ class RetoolAppConfig:
             raise ValueError("sft.num_steps must be >= 0 and sft.global_batch_size >= 1")
         if self.model.torch_threads < 0:
             raise ValueError(f"model.torch_threads must be >= 0, got {self.model.torch_threads}")
+        if self.rl.eval_interval < 0:
+            raise ValueError(f"--eval-interval must be >= 0, got {self.rl.eval_interval}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
         from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS

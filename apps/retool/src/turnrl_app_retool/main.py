@@ -278,7 +278,9 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
 
     console = console or Console()
     start = time.perf_counter()
-    run_dir = Path(config.run_dir or f"runs/retool-{time.strftime('%Y%m%d-%H%M%S')}")
+    from turnrl.grpo_core.recipe import claim_run_dir
+
+    run_dir = claim_run_dir(config.run_dir, "retool")
     config.run_dir = str(run_dir)
     config.save(run_dir)
     os.environ.update(config.env)
@@ -343,6 +345,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
                         logger,
                         console,
                         job,
+                        lambda step: evaluate(router, step),
                     )
                 phases["rl_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -495,7 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    asyncio.run(run(config))
+    try:
+        asyncio.run(run(config))
+    except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -101,11 +101,13 @@ async def run_rl_stage(
     logger: StepLogger,
     console: Console,
     job: Any = None,
+    evaluate: Any = None,
 ) -> list[dict[str, float]]:
     """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights
     (through disk). Trains in this process, or on the Ray runner's trainer ranks (``job``, a
     ``RayGRPORun`` whose engines serve ``urls``); with the KL loss, against the frozen
-    ``policy`` as reference.
+    ``policy`` as reference. ``evaluate(step)`` runs every ``rl.eval_interval`` steps but
+    the last (the evaluation after RL follows it).
 
     Returns:
         Every step's metrics.
@@ -123,6 +125,7 @@ async def run_rl_stage(
         global_batch_size=rl.global_batch_size,
         advantage_estimator=rl.advantage_estimator,
         rollout_shuffle=True,
+        eval_interval=rl.eval_interval,
         seed=config.seed,
     )
     reference = None
@@ -145,6 +148,11 @@ async def run_rl_stage(
 
     async def reward(samples: list[Any]) -> list[float]:
         return shaped_rewards(samples, overlong)  # scored in run_tasks with the answer at hand
+
+    async def during_rl(step: int) -> dict[str, float]:
+        if evaluate is not None and step < rl.num_rollout:
+            await evaluate(step)  # logged as its own phase ("val"), not in the step's metrics
+        return {}
 
     step_stats: dict[str, float] = {}
     with Progress(console=console, transient=True) as bar:
@@ -176,6 +184,7 @@ async def run_rl_stage(
             reference=reference,
             on_metrics=on_metrics,
             engine_busy=router.busy_seconds,
+            evaluate=during_rl,
         )
         for _ in range(rl.num_rollout):
             if rl.dynamic_sampling:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
 from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
-from turnrl.grpo_core.recipe import build_loop
+from turnrl.grpo_core.recipe import build_loop, claim_run_dir, load_progress, save_progress
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
@@ -222,32 +221,6 @@ def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[Engi
     return servers
 
 
-def make_run_dir(config: TauAppConfig) -> Path:
-    """The run folder (created), default runs/tau-<timestamp>."""
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = Path(config.run_dir or f"runs/tau-{stamp}")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-PROGRESS = "progress.json"
-"""Results of finished phases in the run folder (read back by ``--resume``)."""
-
-
-def load_progress(run_dir: Path) -> dict[str, Any]:
-    """What an earlier (interrupted) run of this folder finished: ``{"before": metrics}``."""
-    path = run_dir / PROGRESS
-    if not path.is_file():
-        return {}
-    try:
-        progress = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"--resume: {path} is corrupt ({exc}); delete it to redo the phases"
-        ) from exc
-    return progress if isinstance(progress, dict) else {}
-
-
 async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
     for url in urls:
         async with EngineClient(url) as client:
@@ -267,14 +240,9 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
 
         torch.set_num_threads(config.model.torch_threads)
     start = time.perf_counter()
-    run_dir = make_run_dir(config)
+    run_dir = claim_run_dir(config.run_dir, "tau", resume=resume)
     config = dataclasses.replace(config, run_dir=str(run_dir))
     config.save(run_dir / "config.json")
-    if not resume and latest_checkpoint(run_dir / "checkpoints") is not None:
-        raise ValueError(
-            f"{run_dir} already holds a run's checkpoints: continue it with --resume, "
-            "or choose another --run-dir"
-        )
     progress = load_progress(run_dir) if resume else {}
     console.print(
         f"run folder: [bold]{run_dir}[/bold]  preset: {config.preset}  command: {command}"
@@ -419,7 +387,7 @@ async def _run_with_router(
         else:
             out["before"] = await held_out("eval before RL", 0)
             progress["before"] = out["before"]
-            (run_dir / PROGRESS).write_text(json.dumps(progress, indent=2) + "\n")
+            save_progress(run_dir, progress)
         with phases("rl"):
             out.update(
                 await _train(

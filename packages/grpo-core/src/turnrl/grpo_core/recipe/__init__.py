@@ -6,6 +6,8 @@
   app's ``--device`` to the Ray resource a device is.
 - :func:`~turnrl.grpo_core.recipe.loop.build_loop`: the RL stage's GRPOLoop with its
   trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
+- :mod:`~turnrl.grpo_core.recipe.run_folder`: ``claim_run_dir`` (a new folder, or a clear
+  refusal of one that holds a run), ``load_progress`` / ``save_progress`` for resume.
 - :func:`~turnrl.grpo_core.training.sft.scheduled_lr`: the SFT stages' learning-rate schedule.
 
 Apps keep their presets, data, environments and rewards; a run of either app on the Ray
@@ -14,5 +16,13 @@ runner goes through these same functions on a laptop CPU and on a cluster.
 
 from turnrl.grpo_core.recipe.loop import build_loop
 from turnrl.grpo_core.recipe.ray_run import accelerator, ray_run
+from turnrl.grpo_core.recipe.run_folder import claim_run_dir, load_progress, save_progress
 
-__all__ = ["accelerator", "build_loop", "ray_run"]
+__all__ = [
+    "accelerator",
+    "build_loop",
+    "claim_run_dir",
+    "load_progress",
+    "ray_run",
+    "save_progress",
+]

@@ -1,0 +1,64 @@
+"""A run's folder: created once, never written over by another run, resumable.
+
+An app's run writes its resolved config, ``metrics.jsonl``, TensorBoard events,
+checkpoints and ``summary.json`` into one folder. :func:`claim_run_dir` gives a fresh run a
+new folder, or refuses one that already holds a run (a second run would mix its metrics
+into the first's and overwrite its summary); ``--resume`` continues such a folder, and
+:func:`load_progress` / :func:`save_progress` carry the results of finished phases across.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+PROGRESS = "progress.json"
+"""Results of finished phases in the run folder (read back on resume)."""
+RUN_MARKERS = ("metrics.jsonl", "summary.json", "checkpoints")
+"""What only a run writes: a folder holding one of them holds a run."""
+
+
+def claim_run_dir(run_dir: str | Path | None, app: str, *, resume: bool = False) -> Path:
+    """The run folder, created: ``run_dir``, or ``runs/<app>-<timestamp>``.
+
+    Raises:
+        ValueError: a fresh run (not ``resume``) names a folder that already holds a run;
+            the message says how to continue it or where else to go.
+    """
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = Path(run_dir or f"runs/{app}-{stamp}")
+    if not resume and (held := [m for m in RUN_MARKERS if (folder / m).exists()]):
+        raise ValueError(
+            f"{folder} already holds a run ({', '.join(held)}): continue it with --resume "
+            "where the app supports it, or choose another --run-dir (nothing was written)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def load_progress(run_dir: Path) -> dict[str, Any]:
+    """What an earlier (interrupted) run of this folder finished (``{}`` if nothing).
+
+    Raises:
+        ValueError: the progress file is not JSON (the message says how to redo it).
+    """
+    path = Path(run_dir) / PROGRESS
+    if not path.is_file():
+        return {}
+    try:
+        progress = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"--resume: {path} is corrupt ({exc}); delete it to redo the phases"
+        ) from exc
+    return progress if isinstance(progress, dict) else {}
+
+
+def save_progress(run_dir: Path, progress: dict[str, Any]) -> None:
+    """Write ``progress`` (JSON) for a later resume; replaced atomically."""
+    path = Path(run_dir) / PROGRESS
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(progress, indent=2) + "\n")
+    tmp.replace(path)
