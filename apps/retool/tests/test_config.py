@@ -147,8 +147,10 @@ def test_resolved_config_is_saved(tmp_path: Path) -> None:
 
 
 def test_eval_interval_reaches_the_rl_stage() -> None:
-    assert resolve(["--eval-interval", "5"])[0].rl.eval_interval == 5
-    assert resolve([])[0].rl.eval_interval == 0
+    assert resolve(["--eval-interval", "3"])[0].rl.eval_interval == 3
+    assert resolve(["--eval-interval", "0"])[0].rl.eval_interval == 0
+    default = resolve([])[0].rl  # a curve of >= 5 points: before RL, then every interval
+    assert 1 + default.num_rollout // default.eval_interval >= 5
 
 
 def test_placement_flags_reach_the_config() -> None:

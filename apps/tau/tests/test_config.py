@@ -239,6 +239,8 @@ def test_presets_resolve_and_round_trip(tmp_path: Path) -> None:
     default = resolve([], {}).config
     assert default.preset == "cpu-default" and default.model.hf_checkpoint is None
     assert default.tau.domain == "synthetic" and default.cluster.device == "cpu"
+    loop = default.loop  # a held-out curve of >= 5 points: before RL, then every interval
+    assert loop.eval_interval and 1 + loop.num_rollout // loop.eval_interval >= 5
     smoke = resolve(["--smoke"], {}).config
     assert smoke.preset == "smoke"
     assert smoke.loop.num_rollout < default.loop.num_rollout

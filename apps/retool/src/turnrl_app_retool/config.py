@@ -404,7 +404,8 @@ def cpu_default() -> RetoolAppConfig:
     weights, served fresh, still scored 0.61), so the default stays inside what ran clean.
     Measured in full: 0.390 -> 0.603 (+0.213 ± 0.027) in 12 min 51 s under load 8.5-36.
     Validated on 128 held-out problems x 8 samples at the rollout's own sampling
-    (temperature 1, top-p 1) so mean@8 measures the policy RL trains. Prompts leave out
+    (temperature 1, top-p 1) so mean@8 measures the policy RL trains, before RL and every 5
+    steps (a 5-point curve). Prompts leave out
     the tool schema and the trainer runs one thread (see the fields).
     """
     c = RetoolAppConfig(preset="cpu-default")
@@ -414,6 +415,7 @@ def cpu_default() -> RetoolAppConfig:
     c.rl = dataclasses.replace(
         c.rl,
         num_rollout=20,
+        eval_interval=5,
         dynamic_sampling=True,
         filter_metric="acc",
         gen_batch_size=12,

@@ -374,7 +374,8 @@ def cpu_default() -> TauAppConfig:
     0.51, probe 0.66 -> 0.87. The store has 320 customers and tasks (280 for RL, 40 held
     out) and SFT adds one other generated store (600 conversations). RL is GRPO: the 0/1
     task reward normalised within each group of 4 (mean and std), 40 steps at lr 1e-4.
-    Held-out: 40 tasks x 8 sampled trials at the rollout temperature (the policy RL trains).
+    Held-out: 40 tasks x 8 sampled trials at the rollout temperature (the policy RL trains),
+    before RL and every 10 steps (a 5-point curve, ~35 s a point).
     GRPO runs on the Ray runner, as the real presets do: a local Ray, one trainer rank and
     one engine as Ray actors.
     """
@@ -392,6 +393,7 @@ def cpu_default() -> TauAppConfig:
             rewards_normalization=True,
             rollout_shuffle=True,
             save_interval=4,
+            eval_interval=10,
         ),
         loss=ActorLossConfig(
             eps_clip=0.2,
