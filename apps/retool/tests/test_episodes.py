@@ -15,7 +15,6 @@ from turnrl_app_retool.config import preset
 from turnrl_app_retool.episodes import (
     episode_settings,
     generations_text,
-    mean_and_stderr,
     per_problem_accuracy,
     run_tasks,
     summarize,
@@ -169,10 +168,3 @@ async def test_per_problem_accuracy_and_its_standard_error(chat, sandbox_client)
     metrics = summarize(trajs, "x", 2)
     assert metrics["val-core/x/acc/mean@2"] == pytest.approx(0.5)
     assert metrics["val-aux/x/acc/stderr@2"] == pytest.approx(0.5 / 3**0.5)  # std 0.5 over 3
-
-
-def test_mean_and_stderr() -> None:
-    assert mean_and_stderr([1.0, 0.0, 1.0, 0.0]) == (0.5, pytest.approx((1 / 3 / 4) ** 0.5))
-    assert mean_and_stderr([0.25]) == (0.25, 0.0)
-    with pytest.raises(ValueError, match="at least one"):
-        mean_and_stderr([])

@@ -27,7 +27,6 @@ from turnrl_app_tau.episodes import (
     TauEpisodes,
     batched_tau_rm,
     evaluate,
-    pass_hat_k,
 )
 from turnrl_app_tau.main import rollout_config, tool_schemas
 from turnrl_app_tau.training import prefix, sft_lr
@@ -132,16 +131,6 @@ async def test_reward_hook_normalises_by_group_max() -> None:
     assert samples[0].reward_breakdown == {"shaped": 1.0, "task": 1.0}
     assert REWARDS["shaped-group-max"] is batched_tau_rm
     assert tuple(REWARDS) == TAU_REWARDS  # every name the config accepts has a hook
-
-
-def test_pass_hat_k() -> None:
-    assert pass_hat_k([2, 0, 1], trials=2, k=1) == pytest.approx(0.5)
-    assert pass_hat_k([2, 0, 1], trials=2, k=2) == pytest.approx(1 / 3)
-    assert pass_hat_k([3, 2], trials=4, k=2) == pytest.approx((3 / 6 + 1 / 6) / 2)
-    with pytest.raises(ValueError):
-        pass_hat_k([1], trials=2, k=3)
-    with pytest.raises(ValueError):
-        pass_hat_k([], trials=1, k=1)
 
 
 def test_short_prompt_and_no_tool_schemas() -> None:

@@ -6,7 +6,6 @@ resume with a real engine is in ``test_smoke_run.py``.
 
 from __future__ import annotations
 
-import builtins
 import json
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,8 @@ import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauSettings, smoke
 from turnrl_app_tau.data import TASK_KINDS, load_tasks_and_domain
-from turnrl_app_tau.episodes import standard_error
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import Scalars, render_run_curves, verdict
+from turnrl_app_tau.report import Scalars, verdict
 from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
 
 from turnrl.grpo_core.recipe import load_progress
@@ -115,11 +113,6 @@ def test_task_kinds_bad_input() -> None:
     assert parsed.tau.synthetic_kinds == ["status", "cancel"]
 
 
-def test_standard_error() -> None:
-    assert standard_error([1.0]) == 0.0
-    assert standard_error([0.0, 1.0, 0.0, 1.0]) == pytest.approx((1 / 3) ** 0.5 / 2)
-
-
 def _metrics(reward: float, stderr: float) -> dict[str, float]:
     return {"reward": reward, "reward_stderr": stderr, "shaped_reward": reward + 0.2}
 
@@ -144,38 +137,6 @@ def test_verdict_pairs_the_tasks_when_both_evaluations_list_them() -> None:
     mixed = {**after, "per_task_reward": [1.0, 0.0, 1.0, 0.5]}  # same mean, other tasks
     assert "within noise" in verdict(before, mixed)
     assert "combined" in verdict(_metrics(0.375, 0.2), after)  # one side lacks the list
-
-
-def test_curves_are_drawn_from_the_logged_scalars(tmp_path: Path) -> None:
-    scalars = Scalars(tmp_path)
-    for step in range(1, 4):
-        scalars.add(step, {"rollout/reward_mean": 0.1 * step, "train/loss": 1.0 / step})
-    scalars.add(3, {"val-core/tau/acc/mean@1": 0.5})
-    scalars.close()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and json.loads(lines[0])["rollout/reward_mean"] == pytest.approx(0.1)
-    paths = render_run_curves(tmp_path)
-    assert sorted(p.name for p in paths) == ["rollout.png", "train.png", "val-core.png"]
-    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
-
-
-def test_curves_warn_without_matplotlib_or_scalars(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert render_run_curves(tmp_path / "empty") == []
-    scalars = Scalars(tmp_path)
-    scalars.add(1, {"train/loss": 1.0})
-    scalars.close()
-    real_import = builtins.__import__
-
-    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.startswith("matplotlib"):
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    assert render_run_curves(tmp_path) == []
-    assert "matplotlib" in capsys.readouterr().out
 
 
 def test_step_samples_are_written_as_text(tmp_path: Path) -> None:

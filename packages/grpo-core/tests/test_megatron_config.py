@@ -6,6 +6,7 @@ No megatron-core needed: these run in every test session.
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 from transformers import Qwen2Config, Qwen3Config
@@ -181,3 +182,34 @@ def test_sizes_that_do_not_divide_the_model_are_rejected(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         transformer_config_kwargs(QwenArchitecture.from_hf_config(QWEN3_4B), parallel)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (
+            {"parallel": MegatronParallelConfig(tensor_model_parallel_size=2)},
+            "--tensor-model-parallel-size 2",
+        ),
+        (
+            {"parallel": MegatronParallelConfig(pipeline_model_parallel_size=2)},
+            "--pipeline-model-parallel-size 2",
+        ),
+        (
+            {"parallel": MegatronParallelConfig(context_parallel_size=2)},
+            "--context-parallel-size 2",
+        ),
+        ({"parallel": MegatronParallelConfig(bf16=True)}, "--bf16"),
+        ({"top_p": 0.9}, "--rollout-top-p"),
+        ({"gradient_checkpointing": True}, "--recompute-granularity"),
+    ],
+)
+def test_the_megatron_engine_refuses_what_it_cannot_honour_at_start(
+    settings: dict[str, object], named: str
+) -> None:
+    """Refused when the config is made, before megatron-core is imported or a model loads."""
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+    with pytest.raises(ValueError, match=f"train backend megatron: .*{re.escape(named)}"):
+        MegatronEngineConfig(model_path="unused", **settings)  # type: ignore[arg-type]
+    MegatronEngineConfig(model_path="unused")  # the defaults are honoured

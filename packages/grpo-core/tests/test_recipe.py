@@ -1,12 +1,29 @@
-"""The recipe layer's plain parts: run folders, progress, the accelerator of a device."""
+"""The recipe layer's plain parts: run folders, progress, the accelerator of a device,
+evaluation statistics and the run's report files."""
 
 from __future__ import annotations
 
+import builtins
+import io
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
+from turnrl.grpo_core.observe.logger import StepLogger
 from turnrl.grpo_core.recipe import accelerator, claim_run_dir, load_progress, save_progress
+from turnrl.grpo_core.recipe.evaluation import (
+    Phases,
+    delta_stderr,
+    mean_and_stderr,
+    pass_hat_k,
+    render_run_curves,
+    verdict,
+    write_summary,
+)
 
 
 def test_a_fresh_run_gets_a_new_folder_and_never_one_holding_a_run(
@@ -51,3 +68,76 @@ def test_accelerator_of_each_device(device: str, resource: str) -> None:
 def test_an_unknown_device_is_named() -> None:
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         accelerator("tpu")
+
+
+def test_mean_and_stderr_and_pass_hat_k() -> None:
+    assert mean_and_stderr([1.0, 0.0, 1.0, 0.0]) == (0.5, pytest.approx((1 / 3 / 4) ** 0.5))
+    assert mean_and_stderr([0.25]) == (0.25, 0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        mean_and_stderr([])
+    assert pass_hat_k([2, 0, 1], trials=2, k=1) == pytest.approx(0.5)
+    assert pass_hat_k([2, 0, 1], trials=2, k=2) == pytest.approx(1 / 3)
+    assert pass_hat_k([3, 2], trials=4, k=2) == pytest.approx((3 / 6 + 1 / 6) / 2)
+    with pytest.raises(ValueError, match="k must be in"):
+        pass_hat_k([1], trials=2, k=3)
+    with pytest.raises(ValueError, match="no items"):
+        pass_hat_k([], trials=1, k=1)
+
+
+def test_the_change_is_paired_over_items_when_both_sides_list_them() -> None:
+    # Every item gains 0.25: the paired change has no spread, while the two evaluations'
+    # own standard errors (items of very different difficulty) would call it noise.
+    before, after = [0.0, 0.75, 0.0, 0.75], [0.25, 1.0, 0.25, 1.0]
+    se_b, se_a = mean_and_stderr(before)[1], mean_and_stderr(after)[1]
+    assert delta_stderr(before, after, se_b, se_a, "tasks") == (0.0, "paired over 4 tasks")
+    combined, how = delta_stderr(before, None, se_b, se_a)
+    assert how == "combined" and combined == pytest.approx((se_b**2 + se_a**2) ** 0.5)
+    assert delta_stderr(before, after[:3], se_b, se_a)[1] == "combined"
+    clear = verdict("accuracy", (0.375, se_b), (0.625, se_a), 0.0, "paired over 4 tasks")
+    assert clear.startswith("RL raised (beyond 2 standard errors) the held-out accuracy: 0.375")
+    assert "+0.250" in clear and "paired over 4 tasks" in clear
+    assert "(within noise)" in verdict("accuracy", (0.375, se_b), (0.625, se_a), 0.2, "x")
+    assert verdict("reward", (0.5, 0.1), (0.4, 0.1), 0.1, "x").startswith("RL did not raise")
+
+
+def test_phases_add_up_and_summary_is_sorted_json(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=80)
+    phases = Phases(console)
+    for _ in range(2):
+        with phases("eval"):
+            pass
+    with pytest.raises(RuntimeError), phases("rl"):
+        raise RuntimeError("a failed phase is timed too")
+    assert set(phases.seconds) == {"eval", "rl"} and phases.seconds["eval"] >= 0
+    assert "eval" in console.file.getvalue()  # type: ignore[attr-defined]
+    path = write_summary(tmp_path / "summary.json", {"b": Path("x"), "a": 1})
+    assert path.read_text().startswith('{\n  "a": 1,\n  "b": "x"')
+
+
+def test_curves_are_drawn_from_the_logged_scalars_or_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    assert render_run_curves(tmp_path / "empty", console) == []  # nothing logged yet
+    with StepLogger(tmp_path, console=False) as logger:
+        for step in range(1, 4):
+            logger(step, {"rollout/reward_mean": 0.1 * step, "train/loss": 1.0 / step})
+        logger(3, {"val-core/tau/acc/mean@1": 0.5})
+    paths = render_run_curves(tmp_path, console)
+    assert sorted(p.name for p in paths) == ["rollout.png", "train.png", "val-core.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert render_run_curves(tmp_path, console) == []
+    assert "matplotlib" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_the_report_statistics_do_not_pull_in_torch() -> None:
+    code = "import sys, turnrl.grpo_core.recipe.evaluation; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

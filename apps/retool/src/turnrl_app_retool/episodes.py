@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from turnrl.grpo_core.recipe.evaluation import mean_and_stderr
 from turnrl.rewards import MathRewardConfig, RetoolRewardConfig, retool_reward, score_math
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams, TokenEngine
@@ -147,25 +148,6 @@ def per_problem_accuracy(trajectories: Sequence[Trajectory]) -> list[float]:
     for t in trajectories:
         groups.setdefault(t.group_id, []).append(t.reward_breakdown["correct"])
     return [sum(v) / len(v) for v in groups.values()]
-
-
-def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample std / sqrt(n); 0 for fewer than two values).
-
-    Over per-problem accuracies this is the s.e. of mean@k that counts each problem once,
-    so samples of one problem (correlated) do not shrink it.
-
-    Raises:
-        ValueError: no values.
-    """
-    if not values:
-        raise ValueError("mean_and_stderr needs at least one value")
-    count = len(values)
-    mean = sum(values) / count
-    if count < 2:
-        return mean, 0.0
-    variance = sum((v - mean) ** 2 for v in values) / (count - 1)
-    return mean, (variance / count) ** 0.5
 
 
 def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> dict[str, float]:

@@ -26,13 +26,19 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from turnrl.grpo_core.recipe.evaluation import (
+    Phases,
+    mean_and_stderr,
+    render_run_curves,
+    verdict,
+    write_summary,
+)
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
 from turnrl_app_retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl_app_retool.episodes import (
     episode_settings,
     generations_text,
-    mean_and_stderr,
     per_problem_accuracy,
     run_tasks,
     summarize,
@@ -288,7 +294,7 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         import torch
 
         torch.set_num_threads(config.model.torch_threads)
-    phases: dict[str, float] = {}
+    phases = Phases(console)
     datasets = Datasets(config, DEFAULT_INSTRUCTION)
     from turnrl.grpo_core.observe.logger import StepLogger
     from turnrl.grpo_core.observe.trackers import make_trackers
@@ -297,15 +303,14 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
         config.logger, run_dir, "turnrl-retool", run_dir.name, config.to_dict()
     )
     with StepLogger(run_dir, console=False, trackers=trackers) as logger:
-        t0 = time.perf_counter()
-        policy = build_base_model(config, run_dir / "model" / "base")
-        sft_loss = None
-        if config.sft.enabled:
-            sft_dir = run_dir / "model" / "sft"
-            policy, sft_loss = run_sft_stage(config, policy, datasets, sft_dir, console, logger)
-        phases["sft_s"] = time.perf_counter() - t0
-        phases["sft_cpu_s"] = time.process_time()
-        console.print(f"SFT done in {phases['sft_s']:.0f}s (last loss {sft_loss})")
+        with phases("sft"):
+            policy = build_base_model(config, run_dir / "model" / "base")
+            sft_loss = None
+            if config.sft.enabled:
+                sft_dir = run_dir / "model" / "sft"
+                policy, sft_loss = run_sft_stage(config, policy, datasets, sft_dir, console, logger)
+        sft_cpu = time.process_time()
+        console.print(f"SFT done (last loss {sft_loss})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
             box = SandboxClient(
                 SandboxClientConfig(
@@ -324,44 +329,45 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
             )
             evaluate = Evaluator(config, settings, datasets, logger)
             async with Router(urls) as router:
-                t0 = time.perf_counter()
-                before = await evaluate(router, 0)
-                phases["eval_before_s"] = time.perf_counter() - t0
+                with phases("eval_before"):
+                    before = await evaluate(router, 0)
                 console.print(
                     f"before RL: acc {accuracy(before):.3f}, "
                     f"turns {before['val-aux/num_turns/mean']:.2f}"
                 )
                 history: list[dict[str, float]] = []
-                t0 = time.perf_counter()
-                if config.rl.enabled:
-                    history = await run_rl_stage(
-                        config,
-                        policy,
-                        urls,
-                        router,
-                        settings,
-                        datasets.train,
-                        run_dir,
-                        logger,
-                        console,
-                        job,
-                        lambda step: evaluate(router, step),
-                    )
-                phases["rl_s"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                after = await evaluate(router, len(history)) if history else before
-                phases["eval_after_s"] = time.perf_counter() - t0
+                with phases("rl"):
+                    if config.rl.enabled:
+                        history = await run_rl_stage(
+                            config,
+                            policy,
+                            urls,
+                            router,
+                            settings,
+                            datasets.train,
+                            run_dir,
+                            logger,
+                            console,
+                            job,
+                            lambda step: evaluate(router, step),
+                        )
+                with phases("eval_after"):
+                    after = await evaluate(router, len(history)) if history else before
         per_problem = (evaluate.per_problem[0], evaluate.per_problem[len(history)])
-        phases["app_cpu_s"] = time.process_time()  # this process: data, SFT, RL training
+        seconds = {f"{name}_s": value for name, value in phases.seconds.items()}
+        seconds["sft_cpu_s"] = sft_cpu
+        seconds["app_cpu_s"] = time.process_time()  # this process: data, SFT, RL training
         children = resource.getrusage(resource.RUSAGE_CHILDREN)  # engines and sandbox, stopped
-        phases["children_cpu_s"] = children.ru_utime + children.ru_stime
+        seconds["children_cpu_s"] = children.ru_utime + children.ru_stime
         summary = make_summary(
-            config, before, after, history, phases, time.perf_counter() - start, per_problem
+            config, before, after, history, seconds, time.perf_counter() - start, per_problem
         )
         summary.update(runner=config.engine.runner, engine_urls=urls, train_history=history)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    render_curves(run_dir, console)
+    write_summary(run_dir / "summary.json", summary)
+    render_run_curves(run_dir, console)
     console.print(results_table(summary))
+    if "verdict" in summary:
+        console.print(f"[bold]{summary['verdict']}[/bold]")
     console.print(f"run folder: {run_dir}")
     return summary
 
@@ -410,7 +416,15 @@ def make_summary(
     RL, the delta, steps, timings, and how many groups dynamic sampling filtered."""
     acc_before, acc_after = accuracy(before), accuracy(after)
     rewards = [h.get("rollout/reward_mean", 0.0) for h in history]
-    errors = standard_errors(*per_problem) if per_problem else {}
+    errors: dict[str, Any] = dict(standard_errors(*per_problem)) if per_problem else {}
+    if errors and history:
+        errors["verdict"] = verdict(
+            f"accuracy mean@{config.eval.n}",
+            (acc_before, errors["acc_before_se"]),
+            (acc_after, errors["acc_after_se"]),
+            errors["acc_delta_se"],
+            f"paired over {errors['num_val_problems']:.0f} problems",
+        )
     filtered = [h.get("rollout/dynamic_sampling/filtered_groups", 0.0) for h in history]
     return {
         **errors,
@@ -473,23 +487,6 @@ def results_table(summary: dict[str, Any]) -> Table:
         f"total {summary['wall_seconds']:.0f}s",
     )
     return table
-
-
-def render_curves(run_dir: Path, console: Console) -> list[Path]:
-    """PNG training/validation curves in the run folder (grpo-core's report); warn if unavailable."""
-    try:
-        from turnrl.grpo_core.observe.report import render_curves as render
-    except ImportError as exc:  # matplotlib missing, or a grpo-core without the report module
-        console.print(f"[yellow]no PNG curves ({exc})")
-        return []
-    try:
-        paths = list(render(run_dir))
-    except Exception as exc:  # a plot must never fail a finished run
-        console.print(f"[yellow]no PNG curves: {type(exc).__name__}: {exc}")
-        return []
-    if paths:
-        console.print(f"curves: {', '.join(p.name for p in paths)}")
-    return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:

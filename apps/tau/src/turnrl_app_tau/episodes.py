@@ -12,12 +12,12 @@ computes tau-bench's pass^k from the 0/1 task rewards.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, pass_hat_k
 from turnrl.rewards.tau import TauRewardInput, TauShapingConfig, normalize_by_group_max, tau_reward
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import TokenEngine, UserSimulator
@@ -130,24 +130,6 @@ async def batched_tau_rm(samples: list[Trajectory]) -> list[float]:
     return out
 
 
-def pass_hat_k(successes: Sequence[int], trials: int, k: int) -> float:
-    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k) (c successes of n trials)."""
-    if not 1 <= k <= trials:
-        raise ValueError(f"k must be in [1, {trials}], got {k}")
-    if not successes:
-        raise ValueError("no tasks to compute pass^k over")
-    return sum(math.comb(c, k) / math.comb(trials, k) for c in successes) / len(successes)
-
-
-def standard_error(values: Sequence[float]) -> float:
-    """Standard error of the mean of ``values`` (sample standard deviation / sqrt(n)); 0 for n < 2."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 async def evaluate(
     episodes: TauEpisodes, tasks: Sequence[Task], trials: int, config: RolloutConfig
 ) -> dict[str, Any]:
@@ -180,7 +162,7 @@ async def evaluate(
     metrics: dict[str, Any] = {
         "failed": len(failed) / n,
         "reward": sum(t for _, t in scores) / n,
-        "reward_stderr": standard_error(per_task),
+        "reward_stderr": mean_and_stderr(per_task)[1],
         "success": sum(t for _, t in scores) / n,
         "shaped_reward": sum(s for s, _ in scores) / n,
         "num_turns": sum(t.num_turns for t in trajs) / n,

@@ -27,6 +27,7 @@ from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
 from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
 from turnrl.grpo_core.recipe import build_loop, claim_run_dir, load_progress, save_progress
+from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
@@ -41,16 +42,7 @@ from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
 from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
-from turnrl_app_tau.report import (
-    Phases,
-    Scalars,
-    console,
-    final_table,
-    render_run_curves,
-    step_line,
-    verdict,
-    write_summary,
-)
+from turnrl_app_tau.report import Scalars, console, final_table, step_line, verdict
 from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
@@ -249,7 +241,7 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         + ("  (resumed)" if resume else "")
     )
     trackers = make_trackers(config.logger, run_dir, "turnrl-tau", run_dir.name, config.to_dict())
-    phases, scalars = Phases(), Scalars(run_dir, trackers)
+    phases, scalars = Phases(console), Scalars(run_dir, trackers)
     on_ray = config.cluster.runner == "ray" and command == "train"
     summary: dict[str, Any] = {
         "command": command,
@@ -311,7 +303,7 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         console.print(f"[bold]{summary['verdict']}[/bold]")
     write_summary(run_dir / "summary.json", summary)
     console.print(f"summary: {run_dir / 'summary.json'}")
-    summary["curves"] = [str(p) for p in render_run_curves(run_dir)]
+    summary["curves"] = [str(p) for p in render_run_curves(run_dir, console)]
     write_summary(run_dir / "summary.json", summary)
     return summary
 

@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from turnrl_app_tau.episodes import standard_error
+from turnrl.grpo_core.recipe.evaluation import delta_stderr
+from turnrl.grpo_core.recipe.evaluation import verdict as recipe_verdict
 
 console = Console(highlight=False)
-
-
-class Phases:
-    """Wall-clock seconds per named phase."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        console.rule(f"[bold]{name}")
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/dim]")
 
 
 class Scalars:
@@ -120,56 +100,19 @@ def final_table(
     return table
 
 
-def delta_stderr(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, str]:
-    """Standard error of the held-out reward's change, and how it was computed.
-
-    Paired over tasks (each task's mean after minus before) when both evaluations list the
-    same tasks' rewards (``per_task_reward``); otherwise the two standard errors combined as
-    if independent (larger: a task's difficulty is counted twice).
-    """
-    b, a = before.get("per_task_reward"), after.get("per_task_reward")
-    if isinstance(b, list) and isinstance(a, list) and len(a) == len(b) >= 2:
-        diffs = [y - x for x, y in zip(b, a, strict=True)]
-        return standard_error(diffs), f"paired over {len(diffs)} tasks"
-    noise = math.hypot(before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0))
-    return noise, "combined"
-
-
 def verdict(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
-    """One honest sentence on the RL delta of the held-out task reward, with its noise."""
+    """One honest sentence on the RL delta of the held-out task reward, with its noise
+    (paired over tasks when both evaluations list ``per_task_reward``)."""
     if not before or not after:
         return "No before/after evaluation (no held-out tasks)."
-    delta = after["reward"] - before["reward"]
-    noise, how = delta_stderr(before, after)
-    trend = "raised" if delta > 0 else "did not raise"
-    if delta > 0:
-        trend += " (beyond 2 standard errors)" if delta > 2 * noise else " (within noise)"
+    b_se, a_se = before.get("reward_stderr", 0.0), after.get("reward_stderr", 0.0)
+    noise, how = delta_stderr(
+        before.get("per_task_reward"), after.get("per_task_reward"), b_se, a_se, "tasks"
+    )
+    sentence = recipe_verdict(
+        "task reward", (before["reward"], b_se), (after["reward"], a_se), noise, how
+    )
     return (
-        f"RL {trend} the held-out task reward: {before['reward']:.3f} "
-        f"+- {before.get('reward_stderr', 0.0):.3f} -> {after['reward']:.3f} "
-        f"+- {after.get('reward_stderr', 0.0):.3f} ({delta:+.3f}, standard error of the "
-        f"change {noise:.3f}, {how}); shaped reward {before.get('shaped_reward', 0.0):.3f} -> "
+        f"{sentence} Shaped reward {before.get('shaped_reward', 0.0):.3f} -> "
         f"{after.get('shaped_reward', 0.0):.3f}."
     )
-
-
-def render_run_curves(run_dir: Path) -> list[Path]:
-    """PNG curves of the run (``run_dir/curves``); a warning and none without matplotlib."""
-    try:
-        from turnrl.grpo_core.observe.report import render_curves
-
-        paths = render_curves(run_dir)
-    except ImportError as exc:
-        console.print(f"[yellow]no PNG curves: {exc}[/yellow]")
-        return []
-    except (FileNotFoundError, ValueError) as exc:  # nothing logged yet
-        console.print(f"[yellow]no PNG curves: {exc}[/yellow]")
-        return []
-    console.print(f"curves: {', '.join(str(p) for p in paths)}")
-    return paths
-
-
-def write_summary(path: Path, data: dict[str, Any]) -> Path:
-    """summary.json (sorted keys, indented)."""
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    return path

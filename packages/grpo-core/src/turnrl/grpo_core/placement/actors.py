@@ -158,10 +158,11 @@ class TrainerActor:
         return {k: str(v) for k, v in asdict(ctx).items()}
 
     def build_engine(self, config: Any) -> None:
-        """Build the TorchEngine (FSDP2-sharded over the group when world size > 1)."""
-        from turnrl.grpo_core.training.torch_engine import TorchEngine
+        """Build the train engine ``config`` names (``make_engine``: the torch backend,
+        FSDP2-sharded over the group when world size > 1, or the megatron backend)."""
+        from turnrl.grpo_core.training.torch_engine import make_engine
 
-        self.engine = TorchEngine(config)
+        self.engine = make_engine(config)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``TorchEngine.<method>`` (``train_step``, ``compute_logprobs``, ...)."""

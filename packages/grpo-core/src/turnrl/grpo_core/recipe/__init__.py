@@ -8,15 +8,34 @@
   trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
 - :mod:`~turnrl.grpo_core.recipe.run_folder`: ``claim_run_dir`` (a new folder, or a clear
   refusal of one that holds a run), ``load_progress`` / ``save_progress`` for resume.
+- :mod:`~turnrl.grpo_core.recipe.evaluation`: held-out statistics (mean and standard error
+  over items, pass^k, the paired change RL made, a verdict sentence), phase timing, the
+  run's curves and ``summary.json``.
 - :func:`~turnrl.grpo_core.training.sft.scheduled_lr`: the SFT stages' learning-rate schedule.
 
 Apps keep their presets, data, environments and rewards; a run of either app on the Ray
 runner goes through these same functions on a laptop CPU and on a cluster.
 """
 
-from turnrl.grpo_core.recipe.loop import build_loop
-from turnrl.grpo_core.recipe.ray_run import accelerator, ray_run
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from turnrl.grpo_core.recipe.run_folder import claim_run_dir, load_progress, save_progress
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.recipe.loop import build_loop
+    from turnrl.grpo_core.recipe.ray_run import accelerator, ray_run
+
+_LAZY = {"build_loop": "loop", "accelerator": "ray_run", "ray_run": "ray_run"}
+
+
+def __getattr__(name: str) -> Any:
+    """The loop and the Ray run are imported when first used: they pull in torch, which an
+    app's ``--help``, config checks and report statistics do not need."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "accelerator",

@@ -37,8 +37,8 @@ def build_loop(
 
     Args:
         config, prompts, generate, reward, pad_id: As for :class:`GRPOLoop`.
-        trainer: The ``TorchEngineConfig`` every trainer (this process's, or each rank's)
-            builds.
+        trainer: The ``TorchEngineConfig`` (or ``MegatronEngineConfig``) every trainer
+            (this process's, or each rank's) builds.
         urls: The engines' URLs (the local runner's; a Ray run knows its own).
         sync_root: Folder of the exported weight versions the engines reload.
         job: A started ``RayGRPORun`` (its trainer ranks are started here unless they are
@@ -50,7 +50,7 @@ def build_loop(
     """
     if job is None:
         from turnrl.grpo_core.training.reference import ReferencePolicy
-        from turnrl.grpo_core.training.torch_engine import TorchEngine
+        from turnrl.grpo_core.training.torch_engine import make_engine
         from turnrl.grpo_core.weight_sync import DiskWeightSync
 
         ref = None
@@ -59,7 +59,7 @@ def build_loop(
             ref = ReferencePolicy(kwargs.pop("model_path"), **kwargs)
         return loop_class(config)(
             config,
-            TorchEngine(trainer),
+            make_engine(trainer),
             prompts,
             generate,
             reward,

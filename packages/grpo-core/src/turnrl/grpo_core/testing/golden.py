@@ -37,7 +37,7 @@ from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import GRPOLoop, MetricsFn
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig, make_engine
 
 CANDIDATES = tuple(range(100, 108))
 """Token ids the toy policy chooses among; even ones earn reward."""
@@ -87,15 +87,23 @@ class ToyRunConfig:
     """AdamW learning rate: large enough that the reward rises within five steps, small
     enough that kernel-level differences are not amplified past :data:`RTOL`."""
 
-    def trainer_config(self, model_folder: str | Path) -> TorchEngineConfig:
-        """The toy run's trainer settings for the model in ``model_folder``."""
-        return TorchEngineConfig(
-            model_path=str(model_folder),
-            optimizer=OptimizerConfig(lr=self.lr, weight_decay=0.0),
-            loss=ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28),
-            micro_batch_size=8,
-            seed=self.seed,
-        )
+    def trainer_config(self, model_folder: str | Path, backend: str = "torch") -> TorchEngineConfig:
+        """The toy run's trainer settings for the model in ``model_folder``, for the torch
+        or the megatron train backend."""
+        settings: dict[str, Any] = {
+            "model_path": str(model_folder),
+            "optimizer": OptimizerConfig(lr=self.lr, weight_decay=0.0),
+            "loss": ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28),
+            "micro_batch_size": 8,
+            "seed": self.seed,
+        }
+        if backend == "megatron":
+            from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+            return MegatronEngineConfig(**settings)
+        if backend != "torch":
+            raise ValueError(f"backend must be torch or megatron, got {backend!r}")
+        return TorchEngineConfig(**settings)
 
     def loop_config(self, save_interval: int = 0) -> LoopConfig:
         """The toy run's loop settings (checkpoint every ``save_interval`` steps, 0: never)."""
@@ -177,6 +185,7 @@ def build_toy_loop(
     save_interval: int = 0,
     on_metrics: MetricsFn | None = None,
     on_samples: Callable[[int, list[ToySample]], None] | None = None,
+    backend: str = "torch",
 ) -> GRPOLoop:
     """A GRPO loop on the toy task whose policy samples with the trainer's own model.
 
@@ -187,14 +196,15 @@ def build_toy_loop(
         save_interval: Checkpoint every this many steps (0: never).
         on_metrics: Called with each step's metrics.
         on_samples: Called with ``(step being generated, samples)`` after each rollout.
+        backend: The train backend, ``torch`` or ``megatron``.
     """
-    trainer = TorchEngine(config.trainer_config(model_folder))
+    trainer = make_engine(config.trainer_config(model_folder, backend))
 
     async def generate(prompts: list[list[int]], n: int) -> list[ToySample]:
         out = []
         for prompt in prompts:
             gen = torch.Generator().manual_seed(sampling_seed(config.seed, loop.step, prompt))
-            ids, logps = sample_group(trainer.hf_model, prompt, n, config.response_len, gen)
+            ids, logps = sample_group(trainer.hf_snapshot(), prompt, n, config.response_len, gen)
             for row, row_logps in zip(ids.tolist(), logps.tolist(), strict=True):
                 out.append(ToySample(prompt, row, [1] * len(row), row_logps, str(prompt)))
         if on_samples is not None:

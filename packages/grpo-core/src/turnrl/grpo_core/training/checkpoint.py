@@ -177,28 +177,38 @@ def export_hf(engine: TorchEngine, folder: Path, dtype: str = "float32") -> Path
     Returns:
         `folder`, loadable by `AutoModelForCausalLM.from_pretrained` and by vLLM.
     """
-    from safetensors.torch import save_file
-
-    torch_dtype = resolve_dtype(dtype)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full: dict[str, Any] = get_model_state_dict(engine.module, options=options)
     if _rank() == 0:
         prefix = "model."  # the CausalLMLogProbs wrapper's attribute
-        weights = {
-            k.removeprefix(prefix): v.detach().to(torch_dtype).contiguous() for k, v in full.items()
-        }
-        config: Any = engine.hf_model.config
-        if getattr(config, "tie_word_embeddings", False):
-            weights.pop("lm_head.weight", None)
-        tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        _copy_side_files(Path(engine.config.model_path), tmp)
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config_dict = config.to_dict()
-        config_dict["dtype"] = config_dict["torch_dtype"] = dtype
-        (tmp / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
-        _replace_folder(tmp, folder)
+        weights = {k.removeprefix(prefix): v for k, v in full.items()}
+        write_hf_folder(
+            weights, engine.hf_model.config, Path(engine.config.model_path), folder, dtype
+        )
     _barrier()
+    return folder
+
+
+def write_hf_folder(
+    weights: dict[str, torch.Tensor], config: Any, source: Path, folder: Path, dtype: str
+) -> Path:
+    """Write Hugging Face-named ``weights`` with ``config`` (a transformers config) and the
+    tokenizer / chat-template files of ``source`` as the model folder ``folder``, replacing
+    it atomically; the tied output embedding is left out when the config ties it."""
+    from safetensors.torch import save_file
+
+    torch_dtype = resolve_dtype(dtype)
+    weights = {k: v.detach().to(torch_dtype).contiguous() for k, v in weights.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _copy_side_files(source, tmp)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config_dict = config.to_dict()
+    config_dict["dtype"] = config_dict["torch_dtype"] = dtype
+    (tmp / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    _replace_folder(tmp, folder)
     return folder
 
 

@@ -173,14 +173,7 @@ class TorchEngine:
         self.dp_size = world_size()
         if self.dp_size > 1:
             shard_fsdp2(self.module, self.hf_model, self.device)
-        opt = config.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.module.parameters(),
-            lr=opt.lr,
-            betas=(opt.adam_beta1, opt.adam_beta2),
-            eps=opt.adam_eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = make_optimizer(self.module, config.optimizer)
 
     # -- forward -----------------------------------------------------------------------
 
@@ -321,6 +314,10 @@ class TorchEngine:
         self.optimizer.step()
         return float(norm)
 
+    def hf_snapshot(self) -> nn.Module:
+        """A transformers model with the current weights: here the trained model itself."""
+        return self.hf_model
+
     # -- state -------------------------------------------------------------------------
 
     def save_checkpoint(self, folder: str | Path, data_state: dict[str, Any] | None = None) -> Path:
@@ -340,6 +337,27 @@ class TorchEngine:
         from turnrl.grpo_core.training.checkpoint import export_hf
 
         return export_hf(self, Path(folder), dtype or self.config.dtype)
+
+
+def make_engine(config: TorchEngineConfig) -> TorchEngine:
+    """The train engine ``config`` asks for: a ``MegatronEngine`` for a
+    ``MegatronEngineConfig`` (the megatron backend), else a :class:`TorchEngine`."""
+    from turnrl.grpo_core.megatron.engine import MegatronEngine, MegatronEngineConfig
+
+    if isinstance(config, MegatronEngineConfig):
+        return MegatronEngine(config)
+    return TorchEngine(config)
+
+
+def make_optimizer(module: nn.Module, opt: OptimizerConfig) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay) over every parameter of ``module``."""
+    return torch.optim.AdamW(
+        module.parameters(),
+        lr=opt.lr,
+        betas=(opt.adam_beta1, opt.adam_beta2),
+        eps=opt.adam_eps,
+        weight_decay=opt.weight_decay,
+    )
 
 
 def score_batch(

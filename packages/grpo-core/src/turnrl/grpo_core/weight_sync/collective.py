@@ -191,9 +191,12 @@ def hf_weights(
 
     ``trainer`` is a :class:`~turnrl.grpo_core.training.torch_engine.TorchEngine` (names
     as in ``export_hf``: the ``model.`` wrapper prefix stripped, a tied ``lm_head`` left
-    out) or any ``torch.nn.Module``. DTensor shards are gathered with ``full_tensor()``,
+    out), a ``MegatronEngine`` (its ``hf_weights``) or any ``torch.nn.Module``. DTensor shards are gathered with ``full_tensor()``,
     so every trainer rank must iterate in step.
     """
+    if hasattr(trainer, "hf_weights"):  # the megatron backend converts its own names
+        yield from trainer.hf_weights(dtype)
+        return
     module = getattr(trainer, "module", trainer)
     hf_model = getattr(trainer, "hf_model", None)
     tied = bool(getattr(getattr(hf_model, "config", None), "tie_word_embeddings", False))
