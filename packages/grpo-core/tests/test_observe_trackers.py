@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -325,15 +326,29 @@ def test_offline_unless_the_mode_variable_says_otherwise(
 
 
 def _wandb_records(folder: Path, run_name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """History (keyed by the logged ``step``) and config of an offline W&B run folder."""
+    """History (keyed by the logged ``step``) and config of an offline W&B run folder.
+
+    ``run.finish()`` can return before W&B's writer process has written the last records
+    (seen in CI: the file held no history yet, and all three steps plus the closing
+    ``exit`` record a few milliseconds later), so this waits for the ``exit`` record.
+    """
     from wandb.proto import wandb_internal_pb2
 
     (log_file,) = folder.glob("run-*.wandb")
+    deadline = time.monotonic() + 60
+    while True:
+        records = []
+        for raw in _leveldb_log(log_file, b":W&B"):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{log_file} got no exit record in 60 s"
+        time.sleep(0.2)
     history: dict[int, dict[str, Any]] = {}
     config: dict[str, Any] = {}
-    for raw in _leveldb_log(log_file, b":W&B"):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "history":
             items = {
