@@ -141,3 +141,13 @@ def test_curves_are_drawn_from_the_logged_scalars_or_warned_about(
 def test_the_report_statistics_do_not_pull_in_torch() -> None:
     code = "import sys, turnrl.grpo_core.recipe.evaluation; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_lazy_names_are_the_functions_in_any_order() -> None:
+    code = (
+        "from turnrl.grpo_core.recipe import accelerator, ray_run, build_loop\n"
+        "import turnrl.grpo_core.recipe as r\n"
+        "assert callable(ray_run) and callable(accelerator) and callable(build_loop)\n"
+        "assert r.ray_run is ray_run and r.ray_run.__name__ == 'ray_run'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,8 +1,8 @@
 """What every app's run composes, written once: the parts of a job both apps share.
 
-- :func:`~turnrl.grpo_core.recipe.ray_run.ray_run`: a local (or ``RAY_ADDRESS``) Ray cluster
+- :func:`~turnrl.grpo_core.recipe.cluster.ray_run`: a local (or ``RAY_ADDRESS``) Ray cluster
   with a :class:`~turnrl.grpo_core.placement.trainer_group.RayGRPORun` placed on it, engines
-  started, all stopped at exit; :func:`~turnrl.grpo_core.recipe.ray_run.accelerator` maps an
+  started, all stopped at exit; :func:`~turnrl.grpo_core.recipe.cluster.accelerator` maps an
   app's ``--device`` to the Ray resource a device is.
 - :func:`~turnrl.grpo_core.recipe.loop.build_loop`: the RL stage's GRPOLoop with its
   trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
@@ -23,17 +23,19 @@ from typing import TYPE_CHECKING, Any
 from turnrl.grpo_core.recipe.run_folder import claim_run_dir, load_progress, save_progress
 
 if TYPE_CHECKING:
+    from turnrl.grpo_core.recipe.cluster import accelerator, ray_run
     from turnrl.grpo_core.recipe.loop import build_loop
-    from turnrl.grpo_core.recipe.ray_run import accelerator, ray_run
 
-_LAZY = {"build_loop": "loop", "accelerator": "ray_run", "ray_run": "ray_run"}
+_LAZY = {"build_loop": "loop", "accelerator": "cluster", "ray_run": "cluster"}
 
 
 def __getattr__(name: str) -> Any:
     """The loop and the Ray run are imported when first used: they pull in torch, which an
     app's ``--help``, config checks and report statistics do not need."""
     if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # found directly from now on
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
