@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from turnrl.grpo_core.megatron.config import MegatronParallelConfig, QwenArchitecture
-from turnrl.grpo_core.training.policy import load_causal_lm, resolve_dtype
+from turnrl.grpo_core.training.policy import load_causal_lm, resolve_dtype, scatter_scores
 from turnrl.grpo_core.training.torch_engine import (
     TorchEngine,
     TorchEngineConfig,
@@ -117,12 +117,8 @@ class MegatronLogProbs(nn.Module):
             return_entropy=return_entropy,
         )
         select = score_mask[:, 1:].bool()
-
-        def shifted(values: torch.Tensor) -> torch.Tensor:
-            body = torch.where(select, values[:, :-1], values.new_zeros(()))
-            return torch.cat([body.new_zeros(body.shape[0], 1), body], dim=1)
-
-        return shifted(logp), None if entropy is None else shifted(entropy)
+        logp = scatter_scores(logp[:, :-1][select], select)
+        return logp, None if entropy is None else scatter_scores(entropy[:, :-1][select], select)
 
 
 class MegatronEngine(TorchEngine):

@@ -124,10 +124,12 @@ class CausalLMLogProbs(nn.Module):
             top_p=self.top_p,
             top_k=self.top_k,
         )
-        return _scatter(logp, select), None if entropy is None else _scatter(entropy, select)
+        return scatter_scores(logp, select), None if entropy is None else scatter_scores(
+            entropy, select
+        )
 
 
-def _scatter(values: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+def scatter_scores(values: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
     """Place `[N]` values at the True positions of `[B, L-1]` and prepend a zero column."""
     out = values.new_zeros(select.shape).masked_scatter(select, values)
     return torch.cat([out.new_zeros(select.shape[0], 1), out], dim=1)
