@@ -282,7 +282,7 @@ def engine_cpu(session: nox.Session) -> None:
 
 @nox.session(python="3.11", tags=["megatron"])
 def megatron(session: nox.Session) -> None:
-    """grpo-core's megatron-core backend on CPU (gloo, world size 1)."""
+    """grpo-core's megatron-core backend on CPU (gloo; one rank, and TP / DP over 2-4 ranks)."""
     _sync(session, "grpo-core", "--extra", "megatron")
     session.run(
         "pytest", "packages/grpo-core/tests", "-m", "megatron", "--timeout=600", *session.posargs

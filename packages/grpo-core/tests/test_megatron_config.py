@@ -188,10 +188,6 @@ def test_sizes_that_do_not_divide_the_model_are_rejected(
     ("settings", "named"),
     [
         (
-            {"parallel": MegatronParallelConfig(tensor_model_parallel_size=2)},
-            "--tensor-model-parallel-size 2",
-        ),
-        (
             {"parallel": MegatronParallelConfig(pipeline_model_parallel_size=2)},
             "--pipeline-model-parallel-size 2",
         ),
@@ -212,4 +208,8 @@ def test_the_megatron_engine_refuses_what_it_cannot_honour_at_start(
 
     with pytest.raises(ValueError, match=f"train backend megatron: .*{re.escape(named)}"):
         MegatronEngineConfig(model_path="unused", **settings)  # type: ignore[arg-type]
-    MegatronEngineConfig(model_path="unused")  # the defaults are honoured
+    MegatronEngineConfig(model_path="unused")  # the defaults are honoured, and TP with SP
+    MegatronEngineConfig(
+        model_path="unused",
+        parallel=MegatronParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True),
+    )

@@ -43,11 +43,10 @@ RTOL = 1e-5
 LOSS = ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28, entropy_coef=0.01)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = build_tiny_model(
-        tmp_path_factory.mktemp("tiny"), TinyModelConfig(vocab_size=768, hidden_size=64)
-    )
+def spread_model(folder: Path) -> Path:
+    """A tiny Qwen3 folder whose weights are re-drawn larger, so log-probs are far from
+    uniform and a mis-mapped weight or gradient could not pass."""
+    folder = build_tiny_model(folder, TinyModelConfig(vocab_size=768, hidden_size=64))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -58,6 +57,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 param.normal_(0, 0.1)
     model.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return spread_model(tmp_path_factory.mktemp("tiny"))
 
 
 def settings(model_dir: Path, **extra: object) -> dict[str, object]:

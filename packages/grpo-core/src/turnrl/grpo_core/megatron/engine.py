@@ -7,13 +7,15 @@ backend: it is a ``TorchEngine`` whose module scores tokens through Megatron
 (``gpt_logprobs``) instead of a transformers model. So the loop, the weight sync (through
 :meth:`export_hf`), the reference policy and the trainer group use it unchanged.
 
-What is built: one rank, tensor parallel 1 (the model's weights whole on this rank), full
-or selective activation recompute from the Megatron flags, on any device megatron-core runs
-on (on the CPU through ``cpu.cpu_shims``, with a plain torch AdamW). What is refused at
-start, naming the setting: tensor / pipeline / context parallelism and several
-data-parallel ranks (Megatron's DDP and distributed optimizer are not wired yet), and
-rollout top-p / top-k (the vocab-parallel log-probs are those of temperature-scaled full
-softmax only).
+What is built: tensor parallel (the weights split over the TP group; without sequence
+parallel on the CPU, where megatron-core's torch norms cannot do it), data parallel over the
+remaining ranks (a plain gradient all-reduce), full or selective activation recompute from
+the Megatron flags, on any device megatron-core runs on (on the CPU through
+``cpu.cpu_shims``, gloo, and a plain torch AdamW on each rank's shard). Checkpoints keep one
+set of keys per TP shard. What is refused at start, naming the setting: pipeline and
+context parallelism, ``--bf16`` and rollout top-p / top-k (the vocab-parallel log-probs are
+those of temperature-scaled full softmax only). Not wired yet: Megatron's DDP (bucketed,
+overlapped reduction) and distributed optimizer.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from turnrl.grpo_core.training.torch_engine import (
     TorchEngine,
     TorchEngineConfig,
     make_optimizer,
-    world_size,
+    rank,
 )
 
 
@@ -56,15 +58,14 @@ def unsupported(config: MegatronEngineConfig) -> list[str]:
     p = config.parallel
     reasons = []
     sizes = {
-        "--tensor-model-parallel-size": p.tensor_model_parallel_size,
         "--pipeline-model-parallel-size": p.pipeline_model_parallel_size,
         "--context-parallel-size": p.context_parallel_size,
     }
     for flag, size in sizes.items():
         if size > 1:
             reasons.append(
-                f"{flag} {size}: the megatron train engine runs tensor parallel 1, one stage, "
-                "for now (Megatron's model-parallel training step is not built)"
+                f"{flag} {size}: the megatron train engine runs one pipeline stage and no "
+                "context parallelism for now (tensor and data parallel are built)"
             )
     if p.bf16:
         reasons.append(
@@ -122,7 +123,11 @@ class MegatronLogProbs(nn.Module):
 
 
 class MegatronEngine(TorchEngine):
-    """Trains a megatron-core ``GPTModel``; one instance per rank (one rank for now)."""
+    """Trains a megatron-core ``GPTModel``; one instance per rank. Ranks are ordered as
+    Megatron orders them: the ranks of one TP group are adjacent, so rank ``r`` trains on
+    data-parallel share ``r // TP``."""
+
+    config: MegatronEngineConfig
 
     def __init__(self, config: MegatronEngineConfig):
         """Start Megatron's groups, build the model from ``config.model_path``'s weights,
@@ -130,24 +135,25 @@ class MegatronEngine(TorchEngine):
 
         Raises:
             ImportError: megatron-core is not installed (the ``megatron`` extra).
-            ValueError: a setting this engine cannot honour (see :func:`unsupported`), or
-                more than one rank (data parallel is not built).
+            ValueError: a setting this engine cannot honour (see :func:`unsupported`), or a
+                world size the model-parallel size does not divide.
         """
         from turnrl.grpo_core.megatron.model import build_gpt_model, load_hf_weights
         from turnrl.grpo_core.megatron.parallel import model_parallel
 
-        if world_size() > 1:
-            raise ValueError(
-                "train backend megatron: one trainer rank for now (data parallel over "
-                f"{world_size()} ranks needs Megatron's DDP, not built)"
-            )
         self.config = config
         self.compute_dtype = resolve_dtype(config.dtype)
         self.step = 0
-        self.dp_size = 1
         self._groups = contextlib.ExitStack()
         device = self._groups.enter_context(model_parallel(config.parallel, seed=config.seed))
         self.device = torch.device(device)
+        from megatron.core import parallel_state as ps
+
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.dp_group = ps.get_data_parallel_group() if self.dp_size > 1 else None
+        self.model_parallel_size = ps.get_tensor_model_parallel_world_size()
+        self.model_parallel_rank = ps.get_tensor_model_parallel_rank()
+        self.tp_group = ps.get_tensor_model_parallel_group()
         torch.manual_seed(config.seed)
         hf = load_causal_lm(config.model_path, torch.float32)
         self.hf_config: Any = hf.config
@@ -160,6 +166,47 @@ class MegatronEngine(TorchEngine):
         self.gpt = model.to(self.device)
         self.module = MegatronLogProbs(self.gpt, config.temperature)
         self.optimizer = make_optimizer(self.module, config.optimizer)
+
+    def _clip_and_step(self) -> float:
+        """Finish the gradients as Megatron's ``finalize_model_grads`` does, clip them by
+        their global norm and step.
+
+        Data parallel: a plain all-reduce (mean) of every gradient over the data-parallel
+        group, on any device (Megatron's DDP with its bucketed, overlapped reduction and
+        the distributed optimizer are not wired). Tensor parallel: the weights every TP rank
+        holds whole but sees only part of the work for (the per-head query / key norms;
+        the norms under sequence parallelism) are summed over the TP group. The norm counts
+        each TP shard once and each replicated weight once (``torch``'s clip formula)."""
+        import torch.distributed as dist
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        named = [(n, p) for n, p in self.gpt.named_parameters() if p.requires_grad]
+        for _, p in named:
+            if p.grad is None:  # every rank must reduce the same tensors
+                p.grad = torch.zeros_like(p)
+        if self.dp_size > 1:
+            _all_reduce([p.grad for _, p in named], self.dp_group, mean=True)
+        if self.model_parallel_size > 1:
+            sp = self.config.parallel.sequence_parallel
+            partial = [
+                p.grad
+                for n, p in named
+                if "q_layernorm" in n
+                or "k_layernorm" in n
+                or (sp and getattr(p, "sequence_parallel", False))
+            ]
+            _all_reduce(partial, self.tp_group, mean=False)
+        counted = [p.grad for _, p in named if param_is_not_tensor_parallel_duplicate(p)]
+        square = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in counted]).sum()
+        if self.model_parallel_size > 1:
+            dist.all_reduce(square, group=self.tp_group)
+        norm = square.sqrt()
+        max_norm = self.config.optimizer.clip_grad
+        if max_norm > 0:
+            scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            torch._foreach_mul_([p.grad for _, p in named], scale)
+        self.optimizer.step()
+        return float(norm)
 
     def hf_snapshot(self) -> nn.Module:
         """A transformers model holding the current weights, copied from Megatron's on every
@@ -187,14 +234,35 @@ class MegatronEngine(TorchEngine):
 
     def export_hf(self, folder: str | Path, dtype: Any = None) -> Path:
         """Write the current weights as a Hugging Face folder (Megatron -> HF names)."""
+        import torch.distributed as dist
+
         from turnrl.grpo_core.training.checkpoint import write_hf_folder
 
         weights = dict(self.hf_weights())
-        source = Path(self.config.model_path)
-        return write_hf_folder(
-            weights, self.hf_config, source, Path(folder), dtype or self.config.dtype
-        )
+        if rank() == 0:
+            source = Path(self.config.model_path)
+            write_hf_folder(
+                weights, self.hf_config, source, Path(folder), dtype or self.config.dtype
+            )
+        if dist.is_initialized():
+            dist.barrier()
+        return Path(folder)
 
     def close(self) -> None:
         """Tear down Megatron's groups (and the process group this engine started)."""
         self._groups.close()
+
+
+def _all_reduce(grads: list[torch.Tensor], group: Any, *, mean: bool) -> None:
+    """Sum (or average) ``grads`` in place over ``group``, as one flat buffer."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    if not grads:
+        return
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    if mean:
+        flat /= dist.get_world_size(group)
+    for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(synced)

@@ -206,10 +206,15 @@ def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     group = parallel_state.get_tensor_model_parallel_group()
     peak = logits.detach().max(dim=-1, keepdim=True).values
     torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=group)
-    sum_exp = reduce_from_tensor_model_parallel_region((logits - peak).exp().sum(-1, keepdim=True))
-    log_z = peak + sum_exp.log()  # [..., 1]
-    expected = reduce_from_tensor_model_parallel_region(((logits - log_z).exp() * logits).sum(-1))
-    return log_z.squeeze(-1) - expected  # H = log Z - E_p[z]
+    # H = log Z - E_p[z] = peak + log S - T / S, with S = sum exp(z - peak) and
+    # T = sum exp(z - peak) z over the whole vocabulary. Every global quantity is one of the
+    # two sums, each all-reduced from this rank's part (identity backward): so every rank's
+    # gradient is exact. (Writing E_p[z] with p = exp(z - log Z) would let autograd see only
+    # this rank's share of dE/d(log Z).)
+    shifted = (logits - peak).exp()
+    total = reduce_from_tensor_model_parallel_region(shifted.sum(-1))
+    weighted = reduce_from_tensor_model_parallel_region((shifted * logits).sum(-1))
+    return peak.squeeze(-1) + total.log() - weighted / total
 
 
 def causal_attention_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:

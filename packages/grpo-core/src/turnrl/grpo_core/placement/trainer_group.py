@@ -7,7 +7,9 @@ the group) through the surface :class:`~turnrl.grpo_core.loop.loop.GRPOLoop`,
 ``compute_logprobs``, ``train_step``, ``export_hf``, ``save_checkpoint`` and
 ``load_checkpoint`` (plus :class:`RayReference` for ``attach``).
 
-Data parallelism: a batch's rows are cut into ``world_size`` contiguous shards whose sizes
+Data parallelism: a batch's rows are cut into one contiguous shard per data-parallel rank
+(``world_size`` of them, or ``world_size / TP`` for a tensor-parallel megatron engine,
+whose TP peers get the same shard and return the same results), whose sizes
 differ by at most one (uneven shards, no padding rows); a rank left without a row (a batch
 smaller than the group) gets one filler row with an all-zero loss mask, which adds no loss,
 no gradient and no token. As the engine normalises the loss by the token and sequence
@@ -123,11 +125,20 @@ class RayTrainerGroup:
         self.call_timeout_s = call_timeout_s
         self.broken: str | None = None
         """Why the group can no longer be used (None while it can)."""
+        self._model_parallel: int | None = None
 
     @property
     def world_size(self) -> int:
         """Number of trainer ranks."""
         return len(self.actors)
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Adjacent ranks that hold one model copy (its tensor-parallel size; asked once)."""
+        if self._model_parallel is None:
+            layouts = self._call("parallel_layout")
+            self._model_parallel = int(layouts[0][1])
+        return self._model_parallel
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -209,9 +220,17 @@ class RayTrainerGroup:
             ray.kill(actor)
 
     def _sharded(self, batch: TrainBatch) -> tuple[list[TrainBatch], list[tuple[int, int]]]:
-        bounds = shard_bounds(batch.num_sequences, self.world_size)
+        """Each rank's rows (TP peers share theirs) and each data-parallel shard's bounds."""
+        mp = self.model_parallel_size
+        bounds = shard_bounds(batch.num_sequences, self.world_size // mp)
         shards = [batch.select(slice(a, b)) if b > a else _filler(batch) for a, b in bounds]
-        return shards, bounds
+        return [shards[r // mp] for r in range(self.world_size)], bounds
+
+    def _gathered(self, batch: TrainBatch, method: str, **kwargs: Any) -> torch.Tensor:
+        """Run a row-wise scoring ``method`` over the ranks; ``[B, L]`` in row order."""
+        per_rank, bounds = self._sharded(batch)
+        parts = self._call(method, per_rank, **kwargs)
+        return _gather_rows(batch, parts[:: self.model_parallel_size], bounds)
 
     # -- the trainer surface -------------------------------------------------------------
 
@@ -219,9 +238,7 @@ class RayTrainerGroup:
         self, batch: TrainBatch, micro_batch_size: int | None = None
     ) -> torch.Tensor:
         """``[B, L]`` log-probs of ``batch`` under the current weights, rows split over ranks."""
-        shards, bounds = self._sharded(batch)
-        parts = self._call("compute_logprobs", shards, micro_batch_size=micro_batch_size)
-        return _gather_rows(batch, parts, bounds)
+        return self._gathered(batch, "compute_logprobs", micro_batch_size=micro_batch_size)
 
     def train_step(
         self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
@@ -243,8 +260,10 @@ class RayTrainerGroup:
             micro = list(batch)
             if not micro:
                 raise ValueError("train_step got no micro-batches")
-            bounds = shard_bounds(len(micro), self.world_size)
-            per_rank = [micro[a:b] if b > a else [_filler(micro[0])] for a, b in bounds]
+            mp = self.model_parallel_size
+            bounds = shard_bounds(len(micro), self.world_size // mp)
+            shares = [micro[a:b] if b > a else [_filler(micro[0])] for a, b in bounds]
+            per_rank = [shares[r // mp] for r in range(self.world_size)]
             tokens = [sum(m.num_loss_tokens for m in ms) for ms in per_rank]
         metrics = self._call("train_step", per_rank, objective=objective)
         return reduce_train_metrics(metrics, tokens)
@@ -283,9 +302,7 @@ class RayReference:
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """``[B, L]`` reference log-probs, rows split over ranks."""
-        shards, bounds = self.group._sharded(batch)
-        parts = self.group._call("reference_logprobs", shards, actor_method="reference_logprobs")
-        return _gather_rows(batch, parts, bounds)
+        return self.group._gathered(batch, "reference_logprobs", actor_method="reference_logprobs")
 
     def attach(self, batch: TrainBatch) -> TrainBatch:
         """``batch`` with its ``ref_logprobs`` filled in."""

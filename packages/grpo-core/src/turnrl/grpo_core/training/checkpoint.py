@@ -93,19 +93,37 @@ def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any
     try:
         with warnings.catch_warnings():  # single process: DCP warns that it saves unsharded
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder / "state"))
+            dcp.save(_keyed(engine, model_sd, optim_sd), checkpoint_id=str(folder / "state"))
         torch.save(_rng_state(engine.device), folder / f"rng_rank{_rank()}.pt")
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise _write_failure(folder, exc) from exc
     _barrier()
     if _rank() == 0:
-        meta = {"step": engine.step, "world_size": engine.dp_size, "data_state": data_state}
+        meta = {
+            "step": engine.step,
+            "world_size": engine.dp_size,
+            "model_parallel": _model_parallel(engine),
+            "data_state": data_state,
+        }
         # Written last and atomically: a folder with this file is a complete checkpoint.
         partial = folder / (TRAINER_STATE + ".tmp")
         partial.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         os.replace(partial, folder / TRAINER_STATE)
     _barrier()
     return folder
+
+
+def _model_parallel(engine: TorchEngine) -> int:
+    """How many ranks split one model copy (1 but for a model-parallel megatron engine)."""
+    return engine.model_parallel_size
+
+
+def _keyed(engine: TorchEngine, model_sd: Any, optim_sd: Any) -> dict[str, Any]:
+    """The state DCP saves. A model-parallel shard is a plain tensor that differs between
+    ranks under one name, which DCP would take for a replica and write once: each shard
+    gets its own keys (``model@mp1``), written by its ranks (data-parallel copies once)."""
+    tag = f"@mp{engine.model_parallel_rank}" if _model_parallel(engine) > 1 else ""
+    return {f"model{tag}": model_sd, f"optim{tag}": optim_sd}
 
 
 class CheckpointWriteError(OSError):
@@ -145,20 +163,21 @@ def load_checkpoint(engine: TorchEngine, folder: Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no {TRAINER_STATE})")
     meta = json.loads(meta_path.read_text())
-    if meta["world_size"] != engine.dp_size:
+    saved = (meta["world_size"], meta.get("model_parallel", 1))
+    this = (engine.dp_size, _model_parallel(engine))
+    if saved != this:
         raise ValueError(
-            f"checkpoint was saved with world size {meta['world_size']}, this run has {engine.dp_size}"
+            f"checkpoint was saved with world size {saved[0]} and {saved[1]} model-parallel "
+            f"shards, this run has world size {this[0]} and {this[1]}"
         )
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    state = _keyed(engine, model_sd, optim_sd)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(folder / "state"))
+    model_sd, optim_sd = state.values()
     set_state_dict(
-        engine.module,
-        engine.optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
+        engine.module, engine.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
     )
     rng = torch.load(folder / f"rng_rank{_rank()}.pt", weights_only=False)
     _set_rng_state(rng, engine.device)

@@ -171,9 +171,16 @@ class TorchEngine:
             self.hf_model, config.logprob_chunk_size, config.temperature, config.top_p, config.top_k
         )
         self.dp_size = world_size()
+        self.dp_group: Any = None  # the ranks that split the data (None: all of them)
+        self.model_parallel_size, self.model_parallel_rank = 1, 0  # ranks per model copy
         if self.dp_size > 1:
             shard_fsdp2(self.module, self.hf_model, self.device)
         self.optimizer = make_optimizer(self.module, config.optimizer)
+
+    def parallel_layout(self) -> tuple[int, int]:
+        """``(data-parallel size, model-parallel size)``: rank ``r`` trains on data share
+        ``r // model-parallel size`` (the ranks of one model copy are adjacent)."""
+        return self.dp_size, self.model_parallel_size
 
     # -- forward -----------------------------------------------------------------------
 
@@ -291,15 +298,23 @@ class TorchEngine:
         local_tokens = max(1, sum(mb.num_loss_tokens for mb in micro))
         out = {key: value / local_tokens for key, value in weighted.items()}
         for key, value in shares.items():  # each rank's share is scaled by dp_size
-            out[key] = _all_reduce_sum(value / self.dp_size, self.device)
+            out[key] = self._dp_sum(value / self.dp_size)
         return out
+
+    def _dp_sum(self, value: float) -> float:
+        """Sum a float over the data-parallel ranks."""
+        if self.dp_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.dp_group)
+        return float(t[0])
 
     def _global_counts(self, micro: list[TrainBatch]) -> BatchCounts:
         tokens = sum(mb.num_loss_tokens for mb in micro)
         seqs = sum(int((mb.loss_mask.sum(dim=-1) > 0).sum()) for mb in micro)
         if self.dp_size > 1:
             both = torch.tensor([tokens, seqs], dtype=torch.float64, device=self.device)
-            dist.all_reduce(both)
+            dist.all_reduce(both, group=self.dp_group)
             tokens, seqs = int(both[0]), int(both[1])
         if tokens == 0:
             raise ValueError("the mini-batch has no loss tokens (loss_mask is all 0)")
@@ -387,15 +402,6 @@ def equalise_micro_batches(micro: list[TrainBatch], device: torch.device) -> lis
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     filler = replace(micro[0], loss_mask=torch.zeros_like(micro[0].loss_mask))
     return micro + [filler] * (int(count) - len(micro))
-
-
-def _all_reduce_sum(value: float, device: torch.device) -> float:
-    """Sum a float over ranks (each rank's share is already divided by dp_size)."""
-    if world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t[0])
 
 
 def _enable_activation_checkpointing(hf_model: Any) -> None:
