@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,74 @@ def test_logger_names_the_trackers_and_an_unknown_one_is_refused() -> None:
     assert config.logger == ["wandb", "mlflow"]
     with pytest.raises(ValueError, match="--logger neptune: known trackers are"):
         check_supported(resolve(["--logger", "neptune"], {}).config)
+
+
+MEGATRON_RAY = ["--train-backend", "megatron", "--runner", "ray", "--actor-num-gpus-per-node"]
+
+
+def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
+    """Under --train-backend megatron the parallelism / recompute flags reach the engine's
+    config (refused by the torch backend, as above)."""
+    from turnrl_app_tau.training import trainer_config
+
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+    words = [
+        "--tensor-model-parallel-size",
+        "2",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+        "--hidden-dropout",
+        "0.1",
+    ]
+    config = resolve([*MEGATRON_RAY, "4", *words], {}).config
+    assert not not_honoured(config)
+    trainer = trainer_config(config, Path("model"))
+    assert isinstance(trainer, MegatronEngineConfig)
+    p = trainer.parallel
+    assert (p.tensor_model_parallel_size, p.recompute_granularity, p.recompute_method) == (
+        2,
+        "full",
+        "uniform",
+    )
+    assert (p.recompute_num_layers, p.hidden_dropout) == (1, 0.1)
+    on_torch = "\n".join(not_honoured(resolve([*words, "--runner", "ray"], {}).config))
+    assert "--tensor-model-parallel-size 2" in on_torch and "--hidden-dropout" in on_torch
+
+
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [
+        (
+            ["--tensor-model-parallel-size", "2", "--runner", "local"],
+            "the local runner trains on one rank",
+        ),
+        (
+            [*MEGATRON_RAY[2:], "3", "--tensor-model-parallel-size", "2"],
+            "3 trainer ranks, not a multiple",
+        ),
+        (
+            [*MEGATRON_RAY[2:], "2", "--pipeline-model-parallel-size", "2"],
+            "--pipeline-model-parallel-size 2",
+        ),
+        (
+            [*MEGATRON_RAY[2:], "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+            "--sequence-parallel: megatron-core's norms on the CPU",
+        ),
+    ],
+)
+def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
+    words: list[str], named: str
+) -> None:
+    config = resolve(["--train-backend", "megatron", *words], {}).config
+    with pytest.raises(ValueError, match=re.escape(named)):
+        check_supported(config)
+
+
+def test_an_unknown_train_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="--train-backend must be torch or megatron"):
+        check_supported(resolve(["--train-backend", "jax"], {}).config)

@@ -213,3 +213,19 @@ def test_the_megatron_engine_refuses_what_it_cannot_honour_at_start(
         model_path="unused",
         parallel=MegatronParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True),
     )
+
+
+def test_megatron_available_answers_without_importing_or_raising() -> None:
+    """A plain False where no `megatron` package exists (find_spec of a submodule raises)."""
+    import importlib.util
+    import sys
+
+    from turnrl.grpo_core.megatron.model import megatron_available
+
+    before = set(sys.modules)
+    try:
+        installed = importlib.util.find_spec("megatron") is not None
+    except ValueError:
+        installed = True
+    assert megatron_available() is installed
+    assert not {m for m in set(sys.modules) - before if m.startswith("megatron.core")}

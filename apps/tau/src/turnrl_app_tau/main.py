@@ -63,6 +63,24 @@ _ONE_PROCESS = (
     "the local runner trains in one process on one device and starts the engines itself; "
     "--runner ray places trainer ranks and engines"
 )
+MEGATRON_ACTS = tuple(
+    f"parallel.{name}"
+    for name in (
+        "tensor_model_parallel_size",
+        "sequence_parallel",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "attention_dropout",
+        "hidden_dropout",
+        # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
+        "accumulate_allreduce_grads_in_fp32",
+    )
+)
+"""Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
+honour: pipeline and context parallelism, sequence parallelism on the CPU)."""
 PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
 """Settings that only the Ray runner acts on."""
 NOT_HONOURED: dict[str, str] = {
@@ -117,6 +135,8 @@ def not_honoured(config: TauAppConfig) -> list[str]:
     for dotted, why in NOT_HONOURED.items():
         if dotted in PLACED_BY_RAY and config.cluster.runner == "ray":
             continue
+        if dotted in MEGATRON_ACTS and config.parallel.train_backend == "megatron":
+            continue
         section, name = dotted.split(".")
         value = values[section][name]
         if value == defaults[section][name]:
@@ -145,10 +165,11 @@ def not_honoured(config: TauAppConfig) -> list[str]:
 
 def check_supported(config: TauAppConfig) -> None:
     """Refuse, with the reason, what this app cannot run yet (every such setting at once)."""
-    if config.parallel.train_backend != "torch":
+    if config.parallel.train_backend == "megatron":
+        check_megatron(config)
+    elif config.parallel.train_backend != "torch":
         raise ValueError(
-            f"--train-backend {config.parallel.train_backend}: apps/tau trains with the torch "
-            "backend only so far (grpo-core's megatron backend is not wired into the loop)"
+            f"--train-backend must be torch or megatron, got {config.parallel.train_backend!r}"
         )
     if refused := not_honoured(config):
         raise ValueError(
@@ -161,6 +182,36 @@ def check_supported(config: TauAppConfig) -> None:
         raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
     if config.cluster.device not in ("cpu", "gpu", "npu"):
         raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
+
+
+def check_megatron(config: TauAppConfig) -> None:
+    """Refuse at start what ``--train-backend megatron`` cannot run here, naming the flag."""
+    from turnrl.grpo_core.megatron.model import megatron_available
+
+    trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
+    p, c = config.parallel, config.cluster
+    split = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.runner == "ray" else 1
+    if ranks % split:
+        where = (
+            "the local runner trains on one rank"
+            if c.runner == "local"
+            else f"{ranks} trainer ranks"
+        )
+        raise ValueError(
+            f"--tensor-model-parallel-size {p.tensor_model_parallel_size}: {where}, not a "
+            f"multiple of TP x PP x CP = {split} (use --runner ray and more trainer ranks)"
+        )
+    if p.sequence_parallel and c.device == "cpu":
+        raise ValueError(
+            "--sequence-parallel: megatron-core's norms on the CPU cannot split the "
+            "sequence (it needs Transformer Engine on a device)"
+        )
+    if not megatron_available():
+        raise ValueError(
+            "--train-backend megatron needs megatron-core: "
+            "pip install 'turnrl-grpo-core[megatron]' (or uv sync --extra megatron)"
+        )
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:

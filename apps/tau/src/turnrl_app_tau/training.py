@@ -235,16 +235,40 @@ def sft_lr(settings: TauSettings, step: int) -> float:
 
 
 def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
-    """What every GRPO trainer (the local one, or each Ray rank) builds from ``policy``."""
-    return TorchEngineConfig(
-        model_path=str(policy),
-        dtype=config.model.dtype,  # type: ignore[arg-type]
-        optimizer=config.optimizer,
-        loss=config.loss,
-        micro_batch_size=config.parallel.micro_batch_size,
-        temperature=config.rollout.rollout_temperature,
-        seed=config.seed,
+    """What every GRPO trainer (the local one, or each Ray rank) builds from ``policy``: a
+    ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute
+    and dropout from the Megatron flags), else a ``TorchEngineConfig``.
+
+    Raises:
+        ValueError: a setting the megatron engine cannot honour, naming its flag.
+    """
+    settings: dict[str, Any] = {
+        "model_path": str(policy),
+        "dtype": config.model.dtype,
+        "optimizer": config.optimizer,
+        "loss": config.loss,
+        "micro_batch_size": config.parallel.micro_batch_size,
+        "temperature": config.rollout.rollout_temperature,
+        "seed": config.seed,
+    }
+    p = config.parallel
+    if p.train_backend != "megatron":
+        return TorchEngineConfig(**settings)
+    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+    parallel = MegatronParallelConfig(
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        context_parallel_size=p.context_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity,  # type: ignore[arg-type]
+        recompute_method=p.recompute_method,  # type: ignore[arg-type]
+        recompute_num_layers=p.recompute_num_layers,
+        attention_dropout=p.attention_dropout,
+        hidden_dropout=p.hidden_dropout,
     )
+    return MegatronEngineConfig(**settings, parallel=parallel)
 
 
 def reference_kwargs(config: TauAppConfig, policy: Path) -> dict[str, Any] | None:

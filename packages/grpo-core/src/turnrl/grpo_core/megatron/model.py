@@ -44,7 +44,10 @@ INSTALL_HINT = 'pip install "turnrl-grpo-core[megatron]"  (or: uv sync --extra m
 
 def megatron_available() -> bool:
     """Whether megatron-core is installed (without importing it)."""
-    return importlib.util.find_spec("megatron.core") is not None
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:  # no `megatron` package at all
+        return False
 
 
 def require_megatron() -> None:
