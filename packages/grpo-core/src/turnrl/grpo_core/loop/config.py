@@ -50,6 +50,12 @@ class LoopConfig:
     """Generate the next steps' rollouts while this one trains
     (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`, slime's ``train_async.py``)
     instead of one rollout -> train -> sync step after the other [--async]."""
+    max_tokens_per_micro_batch: int | None = None
+    """Dynamic batching: cut each mini-batch into micro-batches of at most this many tokens
+    per data-parallel rank (``algos.pack_micro_batches``, the same count on every rank; a
+    longer sample gets its own) instead of ``micro_batch_size`` rows; None: off. The loss is
+    the same either way (token counts are global). slime's
+    [--use-dynamic-batch-size --max-tokens-per-gpu]."""
     max_off_policy_steps: int = 1
     """Asynchronous mode only (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`): a
     group generated with weights of version ``v`` may be trained at steps ``<= v + N``
@@ -69,6 +75,10 @@ class LoopConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_off_policy_steps < 0:
             raise ValueError(f"max_off_policy_steps must be >= 0, got {self.max_off_policy_steps}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(
+                f"max_tokens_per_micro_batch must be >= 1, got {self.max_tokens_per_micro_batch}"
+            )
         if self.eval_interval < 0 or self.save_interval < 0:
             raise ValueError("eval_interval and save_interval must be >= 0")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:

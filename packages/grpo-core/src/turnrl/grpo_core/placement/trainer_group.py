@@ -140,6 +140,11 @@ class RayTrainerGroup:
             self._model_parallel = int(layouts[0][1])
         return self._model_parallel
 
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: a list of micro-batches is dealt to them in contiguous runs."""
+        return self.world_size // self.model_parallel_size
+
     # -- calls ---------------------------------------------------------------------------
 
     def _call(
