@@ -170,3 +170,73 @@ def test_an_unknown_tracker_is_refused_at_start(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         resolve(["--logger", "wandb,neptune"])
     assert "--logger neptune: known trackers are" in capsys.readouterr().err
+
+
+def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
+    """--train-backend megatron --tensor-model-parallel-size 2 on 4 Ray ranks: the RL
+    trainer config is a MegatronEngineConfig with TP 2 (SFT stays torch). Where
+    megatron-core is not installed the run is refused at start with the install line."""
+    from turnrl_app_retool.rl import trainer_config
+
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
+
+    argv = [
+        "--train-backend",
+        "megatron",
+        "--tensor-model-parallel-size",
+        "2",
+        "--trainer-ranks",
+        "4",
+    ]
+    if not megatron_available():
+        refused(argv, "needs megatron-core: pip install")
+        return
+    config, _ = resolve(argv)
+    rl = trainer_config(Path("m"), config, 1e-6, 4, config.engine.train_backend)
+    assert isinstance(rl, MegatronEngineConfig) and rl.parallel.tensor_model_parallel_size == 2
+    assert type(trainer_config(Path("m"), config, 1e-5, 4)) is TorchEngineConfig  # SFT
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--train-backend", "jax"], "--train-backend must be torch or megatron"),
+        (["--tensor-model-parallel-size", "2"], "the torch backend does not act on it"),
+        (
+            [
+                "--train-backend",
+                "megatron",
+                "--tensor-model-parallel-size",
+                "2",
+                "--trainer-ranks",
+                "3",
+            ],
+            "3 trainer rank(s) are not a multiple",
+        ),
+        (
+            [
+                "--train-backend",
+                "megatron",
+                "--tensor-model-parallel-size",
+                "2",
+                "--runner",
+                "local",
+            ],
+            "1 trainer rank(s) are not a multiple",
+        ),
+    ],
+)
+def test_train_backend_settings_it_cannot_run_are_refused_at_start(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused(argv, named)
+    assert named in capsys.readouterr().err
+
+
+def refused(argv: list[str], named: str) -> None:
+    """``resolve`` stops with exit code 2 (argparse's error, the reason on stderr)."""
+    with pytest.raises(SystemExit) as stop:
+        resolve(argv)
+    assert stop.value.code == 2, named

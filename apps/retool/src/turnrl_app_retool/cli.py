@@ -60,6 +60,8 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--device": ("engine", "device", str),
     "--runner": ("engine", "runner", str),
     "--trainer-ranks": ("engine", "trainer_ranks", int),
+    "--train-backend": ("engine", "train_backend", str),
+    "--tensor-model-parallel-size": ("engine", "train_tensor_parallel_size", int),
     "--num-engines": ("engine", "num_engines", int),
     "--rollout-num-gpus-per-engine": ("engine", "tensor_parallel_size", int),
     "--run-dir": (None, "run_dir", str),

@@ -216,6 +216,12 @@ class EngineConfig:
     (one device) [--runner]."""
     trainer_ranks: int = 1
     """Trainer ranks (devices), FSDP2 over them; Ray runner only [--trainer-ranks]."""
+    train_backend: str = "torch"
+    """RL trainer: ``torch`` (FSDP2) or ``megatron`` (grpo-core's MegatronEngine; needs the
+    ``megatron`` extra); SFT always runs torch [--train-backend]."""
+    train_tensor_parallel_size: int = 1
+    """Megatron tensor parallel size of the RL trainer (data parallel over the remaining
+    ranks) [--tensor-model-parallel-size]."""
     colocate: bool = False
     """Engines share the trainer ranks' devices (verl's hybrid engine, slime's
     ``--colocate``) instead of devices of their own; Ray runner only [--colocate]."""
@@ -333,6 +339,7 @@ class RetoolAppConfig:
             )
         if self.engine.device not in ("cpu", "gpu", "npu"):
             raise ValueError(f"engine.device must be cpu, gpu or npu, got {self.engine.device!r}")
+        self._validate_backend()
         if self.sandbox.url is not None and not self.sandbox.url.startswith(
             ("http://", "https://")
         ):
@@ -344,6 +351,38 @@ class RetoolAppConfig:
         if self.engine.device != "cpu" and self.model.hf_checkpoint is None:
             raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
         return self
+
+    def _validate_backend(self) -> None:
+        e = self.engine
+        if e.train_backend not in ("torch", "megatron"):
+            raise ValueError(f"--train-backend must be torch or megatron, got {e.train_backend!r}")
+        tp = e.train_tensor_parallel_size
+        if e.train_backend == "torch":
+            if tp != 1:
+                raise ValueError(
+                    f"--tensor-model-parallel-size {tp}: a Megatron setting; the torch backend "
+                    "does not act on it (--train-backend megatron)"
+                )
+            return
+        if tp < 1 or e.trainer_ranks % tp:
+            raise ValueError(
+                f"--tensor-model-parallel-size {tp}: {e.trainer_ranks} trainer rank(s) are not a "
+                "multiple of it (--trainer-ranks, --runner ray)"
+            )
+        from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+        from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+        from turnrl.grpo_core.megatron.model import megatron_available
+
+        MegatronEngineConfig(  # raises, naming the flag, on what the engine cannot honour
+            model_path="unused",
+            top_p=self.rl.top_p,
+            parallel=MegatronParallelConfig(tensor_model_parallel_size=tp),
+        )
+        if not megatron_available():
+            raise ValueError(
+                "--train-backend megatron needs megatron-core: "
+                "pip install 'turnrl-grpo-core[megatron]' (or uv sync --extra megatron)"
+            )
 
     def _validate_dapo(self) -> None:
         rl = self.rl

@@ -34,8 +34,12 @@ VERL_ALIASES = {
 """turnrl loop metric -> the verl name it is also logged under."""
 
 
-def trainer_config(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
-    """The TorchEngineConfig of a trainer (SFT's, or each RL rank's) at learning rate ``lr``."""
+def trainer_config(
+    model_path: Path, config: RetoolAppConfig, lr: float, micro: int, backend: str = "torch"
+) -> Any:
+    """The engine config of a trainer (SFT's, or each RL rank's) at learning rate ``lr``: a
+    ``TorchEngineConfig``, or a ``MegatronEngineConfig`` for ``backend`` megatron (tensor
+    parallel from ``--tensor-model-parallel-size``, data parallel over the other ranks)."""
     from turnrl.grpo_core.algos import ActorLossConfig
     from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
@@ -49,16 +53,24 @@ def trainer_config(model_path: Path, config: RetoolAppConfig, lr: float, micro: 
         entropy_coef=rl.entropy_coef,
         loss_agg_mode=rl.loss_agg_mode,  # type: ignore[arg-type]
     )
-    return TorchEngineConfig(
-        model_path=str(model_path),
-        dtype=config.model.dtype,  # type: ignore[arg-type]
-        optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
-        loss=loss,
-        micro_batch_size=micro,
-        temperature=rl.temperature,
-        top_p=rl.top_p,
-        seed=config.seed,
-    )
+    settings: dict[str, Any] = {
+        "model_path": str(model_path),
+        "dtype": config.model.dtype,
+        "optimizer": OptimizerConfig(lr=lr, weight_decay=0.0),
+        "loss": loss,
+        "micro_batch_size": micro,
+        "temperature": rl.temperature,
+        "top_p": rl.top_p,
+        "seed": config.seed,
+    }
+    if backend == "torch":
+        return TorchEngineConfig(**settings)
+    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+    tp = config.engine.train_tensor_parallel_size
+    parallel = MegatronParallelConfig(tensor_model_parallel_size=tp)
+    return MegatronEngineConfig(**settings, parallel=parallel)
 
 
 def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
@@ -168,7 +180,9 @@ async def run_rl_stage(
                 task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
             )
 
-        trainer = trainer_config(policy, config, rl.lr, rl.micro_batch_size)
+        trainer = trainer_config(
+            policy, config, rl.lr, rl.micro_batch_size, config.engine.train_backend
+        )
         if job is not None:  # off the event loop: the router's connections stay served
             await asyncio.to_thread(job.start_trainers, trainer)
         loop = build_loop(
