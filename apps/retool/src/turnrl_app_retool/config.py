@@ -371,7 +371,7 @@ class RetoolAppConfig:
             )
         from turnrl.grpo_core.megatron.config import MegatronParallelConfig
         from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-        from turnrl.grpo_core.megatron.model import megatron_available
+        from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
 
         MegatronEngineConfig(  # raises, naming the flag, on what the engine cannot honour
             model_path="unused",
@@ -379,10 +379,7 @@ class RetoolAppConfig:
             parallel=MegatronParallelConfig(tensor_model_parallel_size=tp),
         )
         if not megatron_available():
-            raise ValueError(
-                "--train-backend megatron needs megatron-core: "
-                "pip install 'turnrl-grpo-core[megatron]' (or uv sync --extra megatron)"
-            )
+            raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
 
     def _validate_dapo(self) -> None:
         rl = self.rl

@@ -188,7 +188,7 @@ def check_supported(config: TauAppConfig) -> None:
 
 def check_megatron(config: TauAppConfig) -> None:
     """Refuse at start what ``--train-backend megatron`` cannot run here, naming the flag."""
-    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
 
     trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
     p, c = config.parallel, config.cluster
@@ -210,10 +210,7 @@ def check_megatron(config: TauAppConfig) -> None:
             "sequence (it needs Transformer Engine on a device)"
         )
     if not megatron_available():
-        raise ValueError(
-            "--train-backend megatron needs megatron-core: "
-            "pip install 'turnrl-grpo-core[megatron]' (or uv sync --extra megatron)"
-        )
+        raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
