@@ -64,21 +64,19 @@ _ONE_PROCESS = (
     "the local runner trains in one process on one device and starts the engines itself; "
     "--runner ray places trainer ranks and engines"
 )
+_MEGATRON_PARALLEL = (
+    "tensor_model_parallel_size",
+    "sequence_parallel",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
+    "accumulate_allreduce_grads_in_fp32",
+)
 MEGATRON_ACTS = tuple(
-    f"parallel.{name}"
-    for name in (
-        "tensor_model_parallel_size",
-        "sequence_parallel",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "recompute_granularity",
-        "recompute_method",
-        "recompute_num_layers",
-        "attention_dropout",
-        "hidden_dropout",
-        # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
-        "accumulate_allreduce_grads_in_fp32",
-    )
+    f"parallel.{name}" for name in (*_MEGATRON_PARALLEL, "attention_dropout", "hidden_dropout")
 )
 """Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
 honour: pipeline and context parallelism, sequence parallelism on the CPU)."""
@@ -89,16 +87,9 @@ NOT_HONOURED: dict[str, str] = {
         [
             f"parallel.{name}"
             for name in (
-                "tensor_model_parallel_size",
-                "sequence_parallel",
-                "pipeline_model_parallel_size",
-                "context_parallel_size",
+                *_MEGATRON_PARALLEL,
                 "expert_model_parallel_size",
                 "expert_tensor_parallel_size",
-                "recompute_granularity",
-                "recompute_method",
-                "recompute_num_layers",
-                "accumulate_allreduce_grads_in_fp32",
                 "attention_softmax_in_fp32",
                 "attention_backend",
                 "use_flash_attn",
