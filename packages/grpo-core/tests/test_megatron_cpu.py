@@ -12,8 +12,6 @@ Needs the `megatron` extra (nox session `megatron`); skipped without megatron-co
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -296,18 +294,11 @@ def _tp_worker(rank: int, world_size: int, port: int, out: Path) -> None:
 
 @pytest.mark.slow
 def test_tensor_parallel_2_over_gloo_matches_hugging_face(tmp_path: Path) -> None:
+    from rank_processes import run_rank_processes
+
     port, world = free_port(), 2
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     cmd = [sys.executable, __file__, "--tp-worker", str(world), str(port), str(tmp_path)]
-    procs = [subprocess.Popen([*cmd, str(rank)], env=env) for rank in range(world)]
-    try:
-        codes = [proc.wait(timeout=420) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert codes == [0, 0]
+    run_rank_processes([[*cmd, str(rank)] for rank in range(world)], timeout=420)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for result in results:
         assert result["qkv_rows"] == (4 + 2 * 2) * 16 // world  # each rank: one query group

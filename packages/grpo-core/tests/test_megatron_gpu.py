@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,18 +83,11 @@ def _run(rank: int, world: int, port: int, flags: list[str], out: Path) -> None:
 
 
 def _launch(world: int, flags: list[str], out: Path) -> list[dict]:
+    from rank_processes import run_rank_processes
+
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     cmd = [sys.executable, __file__, "--worker", str(world), str(port), str(out), *flags]
-    procs = [subprocess.Popen([*cmd[:3], str(rank), *cmd[3:]], env=env) for rank in range(world)]
-    try:
-        codes = [proc.wait(timeout=600) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert codes == [0] * world
+    run_rank_processes([[*cmd[:3], str(rank), *cmd[3:]] for rank in range(world)], timeout=600)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 

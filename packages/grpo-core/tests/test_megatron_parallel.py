@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,27 +62,17 @@ def grpo_batches(model_dir: Path) -> list[TrainBatch]:
 
 
 def run_ranks(world: int, tp: int, phase: str, model_dir: Path, folder: Path) -> None:
+    from rank_processes import run_rank_processes
+
     env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(sys.path),
         "WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
     }
     cmd = [sys.executable, __file__, "--worker", str(tp), phase, str(model_dir), str(folder)]
-    procs = [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(world)
-    ]
-    try:
-        codes = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert codes == [0] * world
+    envs = [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)]
+    run_rank_processes([cmd] * world, timeout=300, envs=envs)
 
 
 def worker(tp: int, phase: str, model_dir: Path, folder: Path) -> None:
