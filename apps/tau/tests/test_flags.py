@@ -175,10 +175,6 @@ def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
             [*MEGATRON_RAY[2:], "2", "--pipeline-model-parallel-size", "2"],
             "--pipeline-model-parallel-size 2",
         ),
-        (
-            [*MEGATRON_RAY[2:], "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
-            "--sequence-parallel: megatron-core's norms on the CPU",
-        ),
     ],
 )
 def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
@@ -187,6 +183,17 @@ def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
     config = resolve(["--train-backend", "megatron", *words], {}).config
     with pytest.raises(ValueError, match=re.escape(named)):
         check_supported(config)
+
+
+def test_sequence_parallel_reaches_the_megatron_engine_on_the_cpu() -> None:
+    """The CPU trains TP with sequence parallelism too (grpo-core's CPU shims)."""
+    from turnrl_app_tau.training import trainer_config
+
+    words = [*MEGATRON_RAY, "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    config = resolve(words, {}).config
+    assert not not_honoured(config)
+    parallel = trainer_config(config, Path("model")).parallel  # type: ignore[attr-defined]
+    assert parallel.effective_sequence_parallel
 
 
 def test_an_unknown_train_backend_is_refused() -> None:

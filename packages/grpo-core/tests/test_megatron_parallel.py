@@ -39,10 +39,10 @@ pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 GLOBAL_KEYS = ("loss", "pg_loss", "grad_norm", "num_tokens")
 
 
-def engine_config(model_dir: Path, tp: int = 1) -> MegatronEngineConfig:
+def engine_config(model_dir: Path, tp: int = 1, sp: bool = False) -> MegatronEngineConfig:
     from test_megatron_engine import settings
 
-    parallel = MegatronParallelConfig(tensor_model_parallel_size=tp)
+    parallel = MegatronParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp)
     return MegatronEngineConfig(**settings(model_dir, parallel=parallel))  # type: ignore[arg-type]
 
 
@@ -61,7 +61,9 @@ def grpo_batches(model_dir: Path) -> list[TrainBatch]:
     return batches
 
 
-def run_ranks(world: int, tp: int, phase: str, model_dir: Path, folder: Path) -> None:
+def run_ranks(
+    world: int, tp: int, phase: str, model_dir: Path, folder: Path, sp: bool = False
+) -> None:
     from rank_processes import run_rank_processes
 
     env = {
@@ -70,17 +72,26 @@ def run_ranks(world: int, tp: int, phase: str, model_dir: Path, folder: Path) ->
         "MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
     }
-    cmd = [sys.executable, __file__, "--worker", str(tp), phase, str(model_dir), str(folder)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        str(tp),
+        str(sp),
+        phase,
+        str(model_dir),
+        str(folder),
+    ]
     envs = [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)]
     run_rank_processes([cmd] * world, timeout=300, envs=envs)
 
 
-def worker(tp: int, phase: str, model_dir: Path, folder: Path) -> None:
+def worker(tp: int, sp: bool, phase: str, model_dir: Path, folder: Path) -> None:
     """One rank: ``train`` = score, step, export, checkpoint, step again; ``resume`` = load
     the checkpoint and take the second step again."""
     torch.set_num_threads(1)
     batches = torch.load(folder / "batches.pt", weights_only=False)
-    engine = MegatronEngine(engine_config(model_dir, tp))
+    engine = MegatronEngine(engine_config(model_dir, tp, sp))
     dp_rank = torch.distributed.get_rank() // tp  # Megatron's order: TP ranks adjacent
     rows = batches[0].num_sequences // engine.dp_size
     shares = [b.select(slice(dp_rank * rows, (dp_rank + 1) * rows)) for b in batches]
@@ -131,12 +142,9 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> OneRank:
     return OneRank(model_dir, path, logprobs, step1, weights, step2)
 
 
-def test_tp2_dp2_training_equals_one_rank_and_resumes_exactly(one: OneRank, tmp_path: Path) -> None:
-    """Four ranks: two data-parallel copies, each split over a TP-2 group."""
-    world, tp = 4, 2
-    shutil.copy(one.batches, tmp_path / "batches.pt")
-    run_ranks(world, tp, "train", one.model_dir, tmp_path)
-    ranks = [json.loads((tmp_path / f"train{r}.json").read_text()) for r in range(world)]
+def assert_equals_one_rank(one: OneRank, folder: Path, world: int, tp: int) -> list[dict[str, Any]]:
+    """Each rank's results in ``folder`` equal one rank's on its share of the batches."""
+    ranks = [json.loads((folder / f"train{r}.json").read_text()) for r in range(world)]
     assert {(r["dp_size"], r["tp"]) for r in ranks} == {(world // tp, tp)}
     rows = one.logprobs.shape[0] // (world // tp)
     for rank, result in enumerate(ranks):
@@ -148,10 +156,19 @@ def test_tp2_dp2_training_equals_one_rank_and_resumes_exactly(one: OneRank, tmp_
             assert result["step1"][key] == pytest.approx(one.step1[key], rel=1e-5), key
             assert result["step2"][key] == pytest.approx(one.step2[key], rel=1e-5), key
     assert one.step1["clip_frac"] > 0  # the ratios were off 1: the clipped branch is tested
-    exported = load_file(tmp_path / "exported" / "model.safetensors")
+    exported = load_file(folder / "exported" / "model.safetensors")
     assert sorted(exported) == sorted(one.weights)
     for name, value in exported.items():
         torch.testing.assert_close(value, one.weights[name], atol=1e-5, rtol=0, msg=name)
+    return ranks
+
+
+def test_tp2_dp2_training_equals_one_rank_and_resumes_exactly(one: OneRank, tmp_path: Path) -> None:
+    """Four ranks: two data-parallel copies, each split over a TP-2 group."""
+    world, tp = 4, 2
+    shutil.copy(one.batches, tmp_path / "batches.pt")
+    run_ranks(world, tp, "train", one.model_dir, tmp_path)
+    ranks = assert_equals_one_rank(one, tmp_path, world, tp)
     # Resume from the step-1 checkpoint: the second step again, exactly.
     run_ranks(world, tp, "resume", one.model_dir, tmp_path)
     for rank, result in enumerate(ranks):
@@ -168,6 +185,14 @@ def test_tp2_dp2_training_equals_one_rank_and_resumes_exactly(one: OneRank, tmp_
             engine.load_checkpoint(tmp_path / "ckpt")
     finally:
         engine.close()
+
+
+def test_tp2_with_sequence_parallel_equals_one_rank(one: OneRank, tmp_path: Path) -> None:
+    """Two ranks, one TP-2 group with sequence parallelism: the sequence split over the
+    ranks between the tensor-parallel layers, the norms' partial gradients summed."""
+    shutil.copy(one.batches, tmp_path / "batches.pt")
+    run_ranks(2, 2, "train", one.model_dir, tmp_path, sp=True)
+    assert_equals_one_rank(one, tmp_path, world=2, tp=2)
 
 
 def test_the_ray_trainer_group_runs_tensor_parallel_megatron(cluster: Any, tmp_path: Path) -> None:
@@ -210,5 +235,5 @@ def test_the_ray_trainer_group_runs_tensor_parallel_megatron(cluster: Any, tmp_p
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     sys.path.insert(0, str(Path(__file__).parent))
-    _tp, _phase, _model, _folder = sys.argv[2:6]
-    worker(int(_tp), _phase, Path(_model), Path(_folder))
+    _tp, _sp, _phase, _model, _folder = sys.argv[2:7]
+    worker(int(_tp), _sp == "True", _phase, Path(_model), Path(_folder))

@@ -79,7 +79,7 @@ MEGATRON_ACTS = tuple(
     f"parallel.{name}" for name in (*_MEGATRON_PARALLEL, "attention_dropout", "hidden_dropout")
 )
 """Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
-honour: pipeline and context parallelism, sequence parallelism on the CPU)."""
+honour: pipeline and context parallelism)."""
 PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
 """Settings that only the Ray runner acts on."""
 NOT_HONOURED: dict[str, str] = {
@@ -194,11 +194,6 @@ def check_megatron(config: TauAppConfig) -> None:
         raise ValueError(
             f"--tensor-model-parallel-size {p.tensor_model_parallel_size}: {where}, not a "
             f"multiple of TP x PP x CP = {split} (use --runner ray and more trainer ranks)"
-        )
-    if p.sequence_parallel and c.device == "cpu":
-        raise ValueError(
-            "--sequence-parallel: megatron-core's norms on the CPU cannot split the "
-            "sequence (it needs Transformer Engine on a device)"
         )
     if not megatron_available():
         raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")

@@ -1,4 +1,4 @@
-"""Run megatron-core models on the CPU: gloo process group plus four small shims.
+"""Run megatron-core models on the CPU: gloo process group plus five small shims.
 
 megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reaches:
 
@@ -12,20 +12,27 @@ megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reac
 4. Full recompute (`tensor_parallel.checkpoint`) saves and restores the CUDA generator
    state around the replayed forward; the shim points those two helpers
    (`_get_cuda_rng_state` / `_set_cuda_rng_state`) at the CPU generator.
+5. Sequence parallelism's gathers and reduce-scatters (`tensor_parallel.mappings`) allocate
+   their outputs on the current CUDA device; the shim gathers CPU tensors with
+   `all_gather` and reduce-scatters them as an `all_reduce` and a slice (gloo has no
+   reduce-scatter); the tensor-parallel linear layers' fused function
+   (`linear_with_grad_accumulation_and_async_allreduce`), whose sequence-parallel backward
+   allocates on CUDA too, becomes that gather followed by a plain `F.linear` for CPU
+   inputs under sequence parallelism (same forward and gradients, no overlap).
 
 The attention mask is not shimmed: Megatron's default causal mask is built on CUDA, so
 callers pass an explicit mask (`model.causal_attention_mask`, as `gpt_logprobs` does).
 
 `turnrl.grpo_core.megatron.parallel.model_parallel(device="cpu")` starts a gloo group,
 installs these shims and seeds the tracker; on exit it undoes all of it. Megatron's
-optimizer, DDP wrapper and pipeline schedules stay CUDA-only, and sequence parallelism
-needs Transformer Engine or apex norms, so the CPU runs models (TP, recompute), weights
-and log-probs for correctness tests, not CPU training at scale.
+optimizer, DDP wrapper and pipeline schedules stay CUDA-only, so the CPU trains (TP,
+sequence parallel, recompute, DP) for correctness tests, not at scale.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,15 +135,90 @@ def _cpu_set_rng_state(new_state: torch.Tensor, *_args: Any, **_kwargs: Any) -> 
     torch.set_rng_state(new_state)
 
 
+def _cpu_gather_first(original: Any) -> Any:
+    def gather(
+        input_: torch.Tensor,
+        group: Any,
+        output_split_sizes: list[int] | None = None,
+        use_global_buffer: bool = False,
+    ) -> torch.Tensor:
+        if input_.device.type != "cpu" or group.size() == 1:
+            return original(input_, group, output_split_sizes, use_global_buffer)
+        sizes = output_split_sizes or [input_.shape[0]] * group.size()
+        parts = [input_.new_empty((n, *input_.shape[1:])) for n in sizes]
+        torch.distributed.all_gather(parts, input_.contiguous(), group=group)
+        return torch.cat(parts)
+
+    return gather
+
+
+def _cpu_reduce_scatter_first(original: Any) -> Any:
+    def reduce_scatter(
+        input_: torch.Tensor,
+        group: Any,
+        input_split_sizes: list[int] | None = None,
+        use_global_buffer: bool = False,
+    ) -> torch.Tensor:
+        if input_.device.type != "cpu" or group.size() == 1:
+            return original(input_, group, input_split_sizes, use_global_buffer)
+        sizes = input_split_sizes or [input_.shape[0] // group.size()] * group.size()
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        return torch.split(total, sizes)[group.rank()].contiguous()
+
+    return reduce_scatter
+
+
+def _cpu_gather_last(original: Any) -> Any:
+    def gather(input_: torch.Tensor, group: Any) -> torch.Tensor:
+        if input_.device.type != "cpu" or group.size() == 1:
+            return original(input_, group)
+        parts = [torch.empty_like(input_) for _ in range(group.size())]
+        torch.distributed.all_gather(parts, input_.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    return gather
+
+
+def _cpu_linear(original: Any) -> Any:
+    @functools.wraps(original)  # with its `warned` flag, which the original reads by name
+    def linear(
+        input: torch.Tensor, weight: torch.Tensor, bias: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        sequence_parallel = kwargs.get("sequence_parallel", False)
+        if (
+            input.device.type != "cpu"
+            or not sequence_parallel
+            or args
+            or kwargs.get("gradient_accumulation_fusion")
+        ):
+            return original(input, weight, bias, *args, **kwargs)
+        from megatron.core.tensor_parallel import mappings
+
+        group = kwargs.get("tp_group")
+        full = mappings.gather_from_sequence_parallel_region(input, True, group)
+        return torch.nn.functional.linear(full, weight, bias)
+
+    return linear
+
+
+_MAPPINGS = {
+    "_gather_along_first_dim": _cpu_gather_first,
+    "_reduce_scatter_along_first_dim": _cpu_reduce_scatter_first,
+    "_gather_along_last_dim": _cpu_gather_last,
+}
+
+
 @contextlib.contextmanager
 def cpu_shims() -> Iterator[None]:
-    """Install the four CPU shims (RoPE, RNG tracker, scratch buffer, RNG state); undo on exit.
+    """Install the five CPU shims (RoPE, RNG tracker, scratch buffer, RNG state); undo on exit.
 
     Use after `parallel_state.initialize_model_parallel` (the buffer is replaced then).
     """
     require_megatron()
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.tensor_parallel import layers, mappings
     from megatron.core.tensor_parallel import random as mpu_random
     from megatron.core.utils import GlobalMemoryBuffer
 
@@ -155,9 +237,17 @@ def cpu_shims() -> Iterator[None]:
     parallel_state._GLOBAL_MEMORY_BUFFER = _cpu_memory_buffer_class(GlobalMemoryBuffer)()
     mpu_random._get_cuda_rng_state = _cpu_get_rng_state
     mpu_random._set_cuda_rng_state = _cpu_set_rng_state
+    saved_mappings = {name: getattr(mappings, name) for name in _MAPPINGS}
+    for name, shim in _MAPPINGS.items():
+        setattr(mappings, name, shim(saved_mappings[name]))
+    fused = layers.linear_with_grad_accumulation_and_async_allreduce
+    layers.linear_with_grad_accumulation_and_async_allreduce = _cpu_linear(fused)
     try:
         yield
     finally:
+        layers.linear_with_grad_accumulation_and_async_allreduce = fused
+        for name, original in saved_mappings.items():
+            setattr(mappings, name, original)
         (
             rope.get_emb,
             mpu_random._CUDA_RNG_STATE_TRACKER,

@@ -7,8 +7,8 @@ backend: it is a ``TorchEngine`` whose module scores tokens through Megatron
 (``gpt_logprobs``) instead of a transformers model. So the loop, the weight sync (through
 :meth:`export_hf`), the reference policy and the trainer group use it unchanged.
 
-What is built: tensor parallel (the weights split over the TP group; without sequence
-parallel on the CPU, where megatron-core's torch norms cannot do it), data parallel over the
+What is built: tensor parallel (the weights split over the TP group; with or without
+sequence parallel, also on the CPU), data parallel over the
 remaining ranks (a plain gradient all-reduce), full or selective activation recompute from
 the Megatron flags, on any device megatron-core runs on (on the CPU through
 ``cpu.cpu_shims``, gloo, and a plain torch AdamW on each rank's shard). Checkpoints keep one

@@ -4,7 +4,8 @@
   `config.transformer_config_kwargs`.
 - `build_layer_spec(arch, spec)`: the decoder layer spec, Megatron's `local` modules or
   Transformer Engine's (`te`, on GPUs with TE installed); RMSNorm and q/k layernorm as the
-  architecture says.
+  architecture says. Under sequence parallelism the `local` spec's norms are
+  `SequenceParallelRMSNorm` (megatron-core's torch norm refuses it).
 - `build_gpt_model(arch, parallel)`: the `GPTModel` for this rank (RoPE with the model's
   theta, tied or untied output layer, pre/post-process from the pipeline stage).
 - `load_hf_weights(model, hf_state, arch)` / `export_hf_weights(model, arch)`: Hugging Face
@@ -69,15 +70,53 @@ def build_transformer_config(
     return TransformerConfig(**kwargs)
 
 
-def build_layer_spec(arch: QwenArchitecture, spec: SpecLayout = "local") -> Any:
+class SequenceParallelRMSNorm:
+    """megatron-core's ``WrappedTorchNorm`` for RMSNorm, allowed under sequence parallelism.
+
+    A norm acts on each token alone, so it is right on a sequence shard as on the whole;
+    only its weight's gradient is partial (this rank's tokens). As Megatron's own fused
+    norms do, the weight is marked ``sequence_parallel`` so that the gradients are summed
+    over the tensor-parallel group before the step (``MegatronEngine._clip_and_step``).
+    """
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> Any:
+        norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        norm.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        return norm
+
+
+def _swap_module(spec: Any, old: type, new: type) -> Any:
+    """``spec`` (a ``ModuleSpec`` tree of dataclasses) with every ``old`` module now ``new``."""
+    import dataclasses
+
+    if spec is old:
+        return new
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {
+            f.name: _swap_module(getattr(spec, f.name), old, new)
+            for f in dataclasses.fields(spec)
+            if f.init
+        }
+        return dataclasses.replace(spec, **changes)
+    return spec
+
+
+def build_layer_spec(
+    arch: QwenArchitecture, spec: SpecLayout = "local", *, sequence_parallel: bool = False
+) -> Any:
     """The decoder layer `ModuleSpec`: `local` (megatron-core modules) or `te` (Transformer Engine)."""
     require_megatron()
     from megatron.core.models.gpt import gpt_layer_specs
 
     if spec == "local":
-        return gpt_layer_specs.get_gpt_layer_local_spec(
+        layer = gpt_layer_specs.get_gpt_layer_local_spec(
             qk_layernorm=arch.qk_layernorm, normalization="RMSNorm"
         )
+        if not sequence_parallel:
+            return layer
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        return _swap_module(layer, WrappedTorchNorm, SequenceParallelRMSNorm)
     if spec == "te":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             qk_layernorm=arch.qk_layernorm
@@ -104,8 +143,7 @@ def build_gpt_model(
         `megatron.core.models.gpt.GPTModel`, its parameters random until weights are loaded.
 
     Raises:
-        ValueError: If the initialised tensor-parallel size differs from `parallel`'s, or
-            sequence parallelism is asked of the `local` spec without apex.
+        ValueError: If the initialised tensor-parallel size differs from `parallel`'s.
     """
     require_megatron()
     from megatron.core import parallel_state
@@ -116,15 +154,19 @@ def build_gpt_model(
         raise ValueError(
             f"model-parallel groups have TP {tp}, the config says {parallel.tensor_model_parallel_size}"
         )
-    if spec == "local" and parallel.effective_sequence_parallel and not _have_apex():
-        raise ValueError(
-            "--sequence-parallel needs Transformer Engine (spec='te') or apex norms; "
-            "megatron-core's plain torch norms do not support it"
-        )
     config = build_transformer_config(arch, parallel, cpu_initialization=cpu_initialization)
+    layer = build_layer_spec(arch, spec, sequence_parallel=config.sequence_parallel)
+    if spec == "local" and config.sequence_parallel:  # the final norm too (the block's default)
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
+
+        layers = [layer] * get_num_layers_to_build(config)
+        layer = TransformerBlockSubmodules(layer_specs=layers, layer_norm=SequenceParallelRMSNorm)
     return GPTModel(
         config=config,
-        transformer_layer_spec=build_layer_spec(arch, spec),
+        transformer_layer_spec=layer,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -134,10 +176,6 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,  # type: ignore[arg-type]  # float theta (1e6) is fine
     )
-
-
-def _have_apex() -> bool:
-    return importlib.util.find_spec("apex") is not None
 
 
 def _ranks() -> tuple[int, int, int, int]:
@@ -275,6 +313,21 @@ def gpt_logprobs(
             f"need input_ids and labels both [B, S]; got {tuple(input_ids.shape)}, {tuple(labels.shape)}"
         )
     batch, seq = input_ids.shape
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pad = -seq % tp if getattr(model.config, "sequence_parallel", False) else 0
+    if pad:  # sequence parallel splits the sequence over TP ranks; padding after is unseen
+        input_ids, labels = (torch.nn.functional.pad(t, (0, pad)) for t in (input_ids, labels))
+        if position_ids is not None:
+            position_ids = torch.nn.functional.pad(position_ids, (0, pad))
+        logp, entropy = gpt_logprobs(
+            model,
+            input_ids,
+            labels,
+            temperature=temperature,
+            return_entropy=return_entropy,
+            position_ids=position_ids,
+        )
+        return logp[:, :seq], None if entropy is None else entropy[:, :seq]
     if position_ids is None:
         position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
     mask = causal_attention_mask(seq, input_ids.device)
