@@ -158,7 +158,12 @@ def test_token_budget_micro_batches_train_the_same_steps(tmp_path: Path) -> None
     for micro in calls:
         assert all(int(mb.attention_mask.sum()) <= 20 for mb in micro)
         assert sum(mb.num_sequences for mb in micro) == toy.global_batch_size
-    for ours, theirs in zip(by_tokens, by_rows, strict=True):
+    for step, (ours, theirs) in enumerate(zip(by_tokens, by_rows, strict=True)):
+        # Packing is reported: the step's tokens over its micro-batches' budgets.
+        tokens = sum(int(mb.attention_mask.sum()) for mb in calls[step])
+        assert ours["train/micro_batches_per_rank"] == len(calls[step])
+        assert ours["train/packing_utilisation"] == pytest.approx(tokens / (20 * len(calls[step])))
+        assert "train/packing_utilisation" not in theirs
         assert ours["rollout/reward_mean"] == theirs["rollout/reward_mean"]
         for key in ("train/loss", "train/grad_norm", "train/num_tokens"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from turnrl.grpo_core.algos import pack_micro_batches, rollout_mismatch_metrics
+from turnrl.grpo_core.algos import PackingPlan, pack_micro_batches, rollout_mismatch_metrics
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.samples import (
     Sample,
@@ -451,10 +451,11 @@ class GRPOLoop:
         if self.reference is not None:
             batch = self.reference.attach(batch)
         batch = dataclasses.replace(batch, old_logprobs=self.trainer.compute_logprobs(batch))
-        steps = [
-            self.trainer.train_step(self._micro_batches(mb))
-            for mb in split_batch(batch, self.config.updates_per_step)
-        ]
+        steps, plans = [], []
+        for mini_batch in split_batch(batch, self.config.updates_per_step):
+            micro, plan = self._micro_batches(mini_batch)
+            steps.append(self.trainer.train_step(micro))
+            plans += [plan] if plan is not None else []
         out = {
             "train/skipped": 0.0,
             "train/advantage_abs_mean": advantage_abs_mean(advantages, samples),
@@ -462,24 +463,31 @@ class GRPOLoop:
         out.update(logprob_mismatch(batch))
         if (budget := self.config.max_tokens_per_micro_batch) is not None:
             out["train/over_budget_samples"] = float((batch.attention_mask.sum(-1) > budget).sum())
+        if plans:  # tokens / (micro-batches x budget) over every rank: 1.0 packs perfectly
+            out["train/packing_utilisation"] = _mean([p.utilisation for p in plans])
+            out["train/micro_batches_per_rank"] = _mean([p.num_micro_batches for p in plans])
         for key in steps[0]:
             out[f"train/{key}"] = _mean([float(m[key]) for m in steps if key in m])
         return out
 
-    def _micro_batches(self, batch: TrainBatch) -> TrainBatch | list[TrainBatch]:
+    def _micro_batches(
+        self, batch: TrainBatch
+    ) -> tuple[TrainBatch | list[TrainBatch], PackingPlan | None]:
         """``batch`` whole (the trainer cuts it by rows), or its token-budget micro-batches
-        in rank order (the trainer group hands each data-parallel rank a contiguous run)."""
+        in rank order (the trainer group hands each data-parallel rank a contiguous run),
+        with the packing plan they follow."""
         budget = self.config.max_tokens_per_micro_batch
         if budget is None:
-            return batch
+            return batch, None
         dp_size = getattr(self.trainer, "dp_size", 1)
         lengths = batch.attention_mask.sum(dim=-1).tolist()
         if len(lengths) < dp_size:
-            return batch  # fewer rows than ranks: the trainer group pads with filler rows
+            return batch, None  # fewer rows than ranks: the trainer group pads with filler rows
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an over-budget sample is counted below
             plan = pack_micro_batches(lengths, budget, dp_size, allow_oversize=True)
-        return [batch.select(torch.tensor(rows)) for rank in plan.micro_batches for rows in rank]
+        micro = [batch.select(torch.tensor(rows)) for rank in plan.micro_batches for rows in rank]
+        return micro, plan
 
     def _without_failures(self, samples: list[Any]) -> list[Any]:
         """The samples that are the policy's own outcomes; each new failure reason logged."""
