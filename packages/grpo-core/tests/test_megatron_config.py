@@ -141,6 +141,40 @@ def test_sequence_parallel_is_off_without_tensor_parallelism() -> None:
 
 
 @pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (
+            {"tensor_model_parallel_size": 3},
+            "num_attention_heads (32) is not divisible by --tensor-model-parallel-size (3)",
+        ),
+        (
+            {"tensor_model_parallel_size": 16},
+            "num_key_value_heads (8) is not divisible by --tensor-model-parallel-size (16)",
+        ),
+        (
+            {"pipeline_model_parallel_size": 72},
+            "num_hidden_layers (36) is not divisible by --pipeline-model-parallel-size (72)",
+        ),
+        (
+            {"pipeline_model_parallel_size": 5},
+            "num_hidden_layers (36) is not divisible by --pipeline-model-parallel-size (5)",
+        ),
+    ],
+)
+def test_a_split_the_model_cannot_take_is_refused_by_name(
+    sizes: dict[str, int], message: str
+) -> None:
+    """Qwen3-4B's shape under sizes that do not divide it: heads, KV heads, layers (a
+    pipeline larger than the model's layers included)."""
+    arch = QwenArchitecture.from_hf_config(QWEN3_4B)
+    MegatronParallelConfig(
+        tensor_model_parallel_size=8, pipeline_model_parallel_size=4
+    ).check_model(arch)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MegatronParallelConfig(**sizes).check_model(arch)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
