@@ -211,7 +211,8 @@ _MAPPINGS = {
 
 @contextlib.contextmanager
 def cpu_shims() -> Iterator[None]:
-    """Install the five CPU shims (RoPE, RNG tracker, scratch buffer, RNG state); undo on exit.
+    """Install the five CPU shims (RoPE, RNG tracker, scratch buffer, RNG state, SP
+    communication); undo on exit.
 
     Use after `parallel_state.initialize_model_parallel` (the buffer is replaced then).
     """
