@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -194,6 +195,40 @@ def test_sequence_parallel_reaches_the_megatron_engine_on_the_cpu() -> None:
     assert not not_honoured(config)
     parallel = trainer_config(config, Path("model")).parallel  # type: ignore[attr-defined]
     assert parallel.effective_sequence_parallel
+
+
+def test_a_layout_the_model_cannot_split_is_refused_before_training(tmp_path: Path) -> None:
+    """The model's config.json is read at start: TP 4 on a model with 2 KV heads stops the
+    run naming the flag; TP 2 passes; the torch backend does not look."""
+    from turnrl_app_tau.main import check_model_split
+
+    shape = {
+        "model_type": "qwen3",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    for tp, refused in (("4", True), ("2", False)):
+        words = [*MEGATRON_RAY, "4", "--tensor-model-parallel-size", tp]
+        config = resolve(words, {}).config
+        if refused:
+            with pytest.raises(
+                ValueError,
+                match=r"num_key_value_heads \(2\) is not divisible by --tensor-model-parallel-size \(4\)",
+            ):
+                check_model_split(config, tmp_path)
+        else:
+            check_model_split(config, tmp_path)
+    check_model_split(resolve(["--tensor-model-parallel-size", "4"], {}).config, tmp_path)
 
 
 def test_an_unknown_train_backend_is_refused() -> None:

@@ -199,6 +199,18 @@ def check_megatron(config: TauAppConfig) -> None:
         raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
 
 
+def check_model_split(config: TauAppConfig, model: Path) -> None:
+    """Refuse, before SFT, a Megatron layout ``model`` cannot be split into (heads, KV
+    heads, layers not divisible by the TP / PP sizes), naming the flag."""
+    if config.parallel.train_backend != "megatron":
+        return
+    from turnrl.grpo_core.megatron.config import QwenArchitecture
+
+    arch = QwenArchitecture.from_hf_config(json.loads((model / "config.json").read_text()))
+    trainer = trainer_config(config, model)
+    trainer.parallel.check_model(arch)  # type: ignore[attr-defined]  # a MegatronEngineConfig
+
+
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
     """Tools shown to the model: the synthetic domain shows only those its tasks use; none
     when ``in_prompt`` is off (the model calls the domain's tools all the same)."""
@@ -296,6 +308,7 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
             )
         with phases("model"):
             base = build_policy(config, run_dir, reuse=resume)
+            check_model_split(config, base)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
         executor = asyncio.get_running_loop().run_in_executor
         if on_ray:
