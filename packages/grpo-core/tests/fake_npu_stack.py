@@ -2,7 +2,7 @@
 ``PyHcclCommunicator`` modules that record what the trainer side asks of them.
 
 The CI machine has no Ascend NPU, no CANN and no vllm-ascend, so the HCCL path of
-:class:`~turnrl.grpo_core.weight_sync.transfer_group.HcclTransferGroup` is checked against these
+:class:`~turnrl.npu_runtime.transfer.HcclTransferGroup` is checked against these
 stand-ins: :func:`install` puts them into ``sys.modules`` and every call lands in
 :data:`CALLS` (with the thread it ran on), every broadcast's bytes in :data:`SENT`.
 
@@ -119,7 +119,7 @@ def _module(name: str, **attrs: Any) -> ModuleType:
 
 def install() -> None:
     """Put the fakes into ``sys.modules`` and stage tensors on the CPU (child process only)."""
-    from turnrl.grpo_core.weight_sync.transfer_group import HcclTransferGroup
+    from turnrl.npu_runtime.transfer import HcclTransferGroup
 
     torch.utils.rename_privateuse1_backend("npu")  # what importing torch_npu does
     sys.modules["torch_npu"] = _module("torch_npu", npu=FakeNpu())

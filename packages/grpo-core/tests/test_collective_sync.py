@@ -226,28 +226,6 @@ def test_config_rejects_bad_values(kw: dict[str, object], match: str) -> None:
         CollectiveSyncConfig(**args)  # type: ignore[arg-type]
 
 
-def test_transfer_groups_reject_bad_arguments() -> None:
-    from turnrl.grpo_core.weight_sync.transfer_group import (
-        NcclUniqueIdTransferGroup,
-        TorchTransferGroup,
-        load_nccl,
-    )
-
-    with pytest.raises(ValueError, match="gloo or nccl"):
-        TorchTransferGroup("mpi", 2)
-    with pytest.raises(ValueError, match=">= 1 worker"):
-        TorchTransferGroup("gloo", 1)
-    group = TorchTransferGroup("gloo", 2)
-    assert group.init_info()["master_port"] > 0 and group.init_info()["world_size"] == 2
-    with pytest.raises(RuntimeError, match="join"):
-        group.broadcast(torch.zeros(1))
-    group.close()
-    with pytest.raises(ValueError, match="needs a cuda device"):
-        NcclUniqueIdTransferGroup(2, "cpu")
-    with pytest.raises(RuntimeError, match="TURNRL_NCCL_LIBRARY"):
-        load_nccl("/nonexistent/libnccl.so.2")
-
-
 def test_engine_with_other_world_size_fails_before_any_init(
     trainer: TorchEngine, receivers: list[str]
 ) -> None:

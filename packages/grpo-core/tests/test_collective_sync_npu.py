@@ -30,9 +30,9 @@ import torch
 from safetensors.torch import load_file
 
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.weight_sync import transfer_group
 from turnrl.grpo_core.weight_sync.collective import BACKENDS, CollectiveSyncConfig
-from turnrl.grpo_core.weight_sync.transfer_group import HcclTransferGroup, NcclUniqueIdTransferGroup
+from turnrl.npu_runtime import transfer as transfer_group
+from turnrl.npu_runtime.transfer import HcclTransferGroup, NcclUniqueIdTransferGroup
 from turnrl.rollout_router.client import EngineClient
 
 TESTS = Path(__file__).parent

@@ -8,6 +8,8 @@ Everything device-specific in turnrl lives here. Modules:
 - :mod:`~turnrl.npu_runtime.memory`: free / total device memory and the margin check.
 - :mod:`~turnrl.npu_runtime.supervise`: child processes in their own process groups.
 - :mod:`~turnrl.npu_runtime.net`: free ports for servers and rendezvous.
+- :mod:`~turnrl.npu_runtime.transfer`: the trainer -> engines weight-transfer communicators
+  (gloo, raw NCCL, HCCL; imports torch, so not re-exported here).
 
 Only the standard library is imported here; torch is loaded when first needed.
 """

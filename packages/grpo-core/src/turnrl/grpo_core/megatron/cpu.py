@@ -2,7 +2,7 @@
 
 megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reaches:
 
-1. `RotaryEmbedding.get_emb` moves its CPU frequencies to `torch.cuda.current_device()`;
+1. `RotaryEmbedding.get_emb` moves its CPU frequencies to the current CUDA device;
    the shim computes the embedding on the frequencies' own device instead.
 2. The model-parallel RNG tracker (`get_cuda_rng_tracker`) stores and swaps CUDA
    generator states (attention dropout and full recompute use it); the shim installs a

@@ -4,7 +4,7 @@
   :class:`DiskWeightSync` (export a Hugging Face folder, engines reload it; the CPU path).
 - :mod:`~turnrl.grpo_core.weight_sync.collective`: :class:`CollectiveWeightSync`, a
   broadcast from trainer rank 0 into the engines' workers (NCCL on CUDA, HCCL on Ascend).
-- :mod:`~turnrl.grpo_core.weight_sync.transfer_group`: the trainer side of those groups.
+- :mod:`~turnrl.npu_runtime.transfer`: the trainer side of those groups.
 """
 
 from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig, CollectiveWeightSync

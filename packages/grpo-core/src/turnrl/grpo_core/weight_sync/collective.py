@@ -12,7 +12,7 @@ Before the first group is made, each engine's ``GET /get_world_size`` must equal
 ``workers_per_engine`` (a wrong count would hang the rendezvous instead of failing).
 
 Setup (first sync): trainer rank 0 opens a :mod:`transfer group
-<turnrl.grpo_core.weight_sync.transfer_group>` with every worker of every engine: it POSTs
+<turnrl.npu_runtime.transfer>` with every worker of every engine: it POSTs
 ``/init_weight_transfer_engine`` to all engines (engine ``i`` gets ``rank_offset`` =
 1 + the workers of the engines before it) while joining the rendezvous itself.
 
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from turnrl.grpo_core.weight_sync.disk import WeightSyncError
-from turnrl.grpo_core.weight_sync.transfer_group import (
+from turnrl.npu_runtime.transfer import (
     HcclTransferGroup,
     NcclUniqueIdTransferGroup,
     TorchTransferGroup,

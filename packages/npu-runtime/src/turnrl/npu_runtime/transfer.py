@@ -1,4 +1,5 @@
-"""The trainer's end of the weight-transfer process group with the inference engines.
+"""The trainer's end of the weight-transfer process group with the inference engines
+(the device communicators: gloo, raw NCCL, HCCL; needs the ``torch`` extra).
 
 vLLM's RL API puts the trainer's rank 0 (the sender, rank 0 of the group) and every
 worker of every engine (ranks ``1 ..``) into one communicator that exists only for
@@ -41,8 +42,13 @@ import os
 from types import ModuleType
 from typing import Any, Protocol
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "turnrl.npu_runtime.transfer needs torch: install turnrl-npu-runtime[torch]"
+    ) from exc
 
 from turnrl.npu_runtime.device import DeviceType, accelerator_module
 from turnrl.npu_runtime.net import free_port
