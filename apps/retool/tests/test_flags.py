@@ -57,6 +57,7 @@ def test_every_parser_option_is_a_known_flag() -> None:
         "-h",
         "--preset",
         "--smoke",
+        "--resume",
         "--val-data",
         "--no-sft",
         "--no-rl",

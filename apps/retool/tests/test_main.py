@@ -183,3 +183,38 @@ def test_a_folder_holding_a_run_is_refused_and_left_alone(tmp_path: Path, capsys
     assert "already holds a run (metrics.jsonl)" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert (tmp_path / "config.json").read_text() == "{}"
+
+
+def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
+    config, _ = resolve(["--smoke", "--run-dir", str(tmp_path), "--lr", "0.003"])
+    config.save(tmp_path)
+    resumed, args = resolve(["--resume", "--run-dir", str(tmp_path), "--num-rollout", "5"])
+    assert args.resume and resumed.preset == "smoke"
+    assert resumed.rl.lr == 0.003 and resumed.rl.num_rollout == 5  # the run's, then the flag
+    assert resumed.to_dict() == {
+        **config.to_dict(),
+        "rl": {**config.to_dict()["rl"], "num_rollout": 5},
+    }
+    assert not resolve(["--run-dir", str(tmp_path)])[1].resume
+
+
+@pytest.mark.parametrize(
+    ("argv", "config_text", "message"),
+    [
+        (["--resume"], None, "--resume needs --run-dir"),
+        (["--resume", "--run-dir", "{dir}"], None, "config.json not found"),
+        (["--resume", "--smoke", "--run-dir", "{dir}"], "{}", "drop --preset/--smoke"),
+        (["--resume", "--run-dir", "{dir}"], "{not json", "is not valid JSON"),
+        (["--resume", "--run-dir", "{dir}"], '{"rl": {"nope": 1}}', "unknown config keys"),
+        (["--resume", "--run-dir", "{dir}"], '{"rl": 3}', "section 'rl' must be an object"),
+    ],
+)
+def test_resume_refuses_bad_input(
+    tmp_path: Path, capsys, argv: list[str], config_text: str | None, message: str
+) -> None:
+    if config_text is not None:
+        (tmp_path / "config.json").write_text(config_text)
+    with pytest.raises(SystemExit) as exit_info:
+        resolve([a.format(dir=tmp_path) for a in argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

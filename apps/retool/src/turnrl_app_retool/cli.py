@@ -5,6 +5,7 @@
     uv run apps/retool --preset qwen3-4b-npu --hf-checkpoint /models/Qwen3-4B-Instruct-2507 \\
         --sft-data retool_sft.parquet --train-data dapo-math-17k.parquet --val-data aime_2025.jsonl
     uv run apps/retool --sandbox-url http://sandbox:8080   # an external SandboxFusion server
+    uv run apps/retool --resume --run-dir runs/retool-X     # continue an interrupted run
 
 Flag names follow slime/verl where one exists (``--num-rollout``, ``--rollout-batch-size``,
 ``--n-samples-per-prompt``, ``--global-batch-size``, ``--eps-clip``, ``--eps-clip-high``,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from turnrl.grpo_core.recipe.run_folder import config_from_dict, read_run_config
 from turnrl_app_retool.config import PRESETS, RetoolAppConfig, preset
 
 # flag -> (section, field, type); None section means a top-level field.
@@ -36,6 +38,7 @@ _OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "--sft-max-seconds": ("sft", "max_seconds", float),
     "--num-rollout": ("rl", "num_rollout", int),
     "--eval-interval": ("rl", "eval_interval", int),
+    "--save-interval": ("rl", "save_interval", int),
     "--rollout-batch-size": ("rl", "rollout_batch_size", int),
     "--n-samples-per-prompt": ("rl", "n_samples_per_prompt", int),
     "--global-batch-size": ("rl", "global_batch_size", int),
@@ -77,11 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--preset",
-        default="cpu-default",
+        default=None,
         choices=sorted(PRESETS),
         help="configuration to start from (default: cpu-default)",
     )
     parser.add_argument("--smoke", action="store_true", help="shorthand for --preset smoke")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run in --run-dir: its config.json, then these flags",
+    )
     parser.add_argument(
         "--val-data",
         action="append",
@@ -138,9 +146,17 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.smoke and args.preset != "cpu-default":
+    if args.smoke and args.preset is not None:
         parser.error("--smoke and --preset are exclusive")
-    config = preset("smoke" if args.smoke else args.preset)
+    if args.resume:
+        if args.smoke or args.preset is not None:
+            parser.error("--resume continues a run with its own config; drop --preset/--smoke")
+        try:
+            config = config_from_dict(RetoolAppConfig, read_run_config(args.run_dir))
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+    else:
+        config = preset("smoke" if args.smoke else args.preset or "cpu-default")
     for flag, (section, name, _kind) in _OVERRIDES.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:

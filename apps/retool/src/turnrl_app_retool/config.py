@@ -112,6 +112,10 @@ class RLStageConfig:
     eval_interval: int = 0
     """Evaluate the validation sets every this many RL steps besides before and after RL;
     0: only before and after [--eval-interval] (verl's ``trainer.test_freq``)."""
+    save_interval: int = 0
+    """Checkpoint the trainer and the loop every this many RL steps, and always after the
+    last, in ``<run_dir>/checkpoints/step_<n>`` (``--resume`` restarts from the latest);
+    0: after the last step only [--save-interval]."""
     rollout_batch_size: int = 8
     """Prompts per step [--rollout-batch-size] (verl's train batch size)."""
     n_samples_per_prompt: int = 8
@@ -308,6 +312,8 @@ class RetoolAppConfig:
             raise ValueError(f"model.torch_threads must be >= 0, got {self.model.torch_threads}")
         if self.rl.eval_interval < 0:
             raise ValueError(f"--eval-interval must be >= 0, got {self.rl.eval_interval}")
+        if self.rl.save_interval < 0:
+            raise ValueError(f"--save-interval must be >= 0, got {self.rl.save_interval}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
         from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
@@ -452,6 +458,7 @@ def cpu_default() -> RetoolAppConfig:
         c.rl,
         num_rollout=20,
         eval_interval=5,
+        save_interval=5,
         dynamic_sampling=True,
         filter_metric="acc",
         gen_batch_size=12,
@@ -513,6 +520,7 @@ def _real_scale(preset: str, checkpoint: str, device: str, devices: int) -> Reto
         max_response_length=16384,
         max_turn_tokens=16384,
         max_inflight=512,
+        save_interval=20,  # a full Qwen3-4B state with Adam's moments per checkpoint
     )
     c.eval = EvalConfig(n=30, temperature=1.0, top_p=0.6)
     c.engine = EngineConfig(  # verl's layout: every card trains, and serves between steps

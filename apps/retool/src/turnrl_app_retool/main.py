@@ -87,10 +87,13 @@ class Datasets:
             self.val = {k: v[: config.eval.max_problems] for k, v in self.val.items()}
 
 
-def build_base_model(config: RetoolAppConfig, folder: Path) -> Path:
-    """The starting model: ``--hf-checkpoint``, or a tiny seeded Qwen3 written to ``folder``."""
+def build_base_model(config: RetoolAppConfig, folder: Path, reuse: bool = False) -> Path:
+    """The starting model: ``--hf-checkpoint``, or a tiny seeded Qwen3 written to ``folder``
+    (with ``reuse``, the one an earlier run of the folder built)."""
     if config.model.hf_checkpoint:
         return Path(config.model.hf_checkpoint)
+    if reuse and (folder / "config.json").is_file():
+        return folder
     from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
     h = config.model.tiny_hidden_size
@@ -275,8 +278,15 @@ def accuracy(metrics: dict[str, float]) -> float:
     return sum(values) / len(values)
 
 
-async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[str, Any]:
-    """One full run; returns the summary (also written to ``<run_dir>/summary.json``)."""
+async def run(
+    config: RetoolAppConfig, console: Console | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """One full run; returns the summary (also written to ``<run_dir>/summary.json``).
+
+    With ``resume``, what an earlier run of the same folder finished is not redone: the base
+    and SFT models are reused, the evaluation before RL is read from ``progress.json`` and
+    GRPO continues from the latest checkpoint.
+    """
     from turnrl.rollout_router.router import Router
     from turnrl.tool_envs.chat import ChatTokenizer
     from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
@@ -284,11 +294,14 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
 
     console = console or Console()
     start = time.perf_counter()
-    from turnrl.grpo_core.recipe import claim_run_dir
+    from turnrl.grpo_core.recipe import claim_run_dir, load_progress, save_progress
 
-    run_dir = claim_run_dir(config.run_dir, "retool")
+    run_dir = claim_run_dir(config.run_dir, "retool", resume=resume)
     config.run_dir = str(run_dir)
     config.save(run_dir)
+    progress = load_progress(run_dir) if resume else {}
+    if resume:
+        console.print(f"resuming {run_dir} (finished: {', '.join(progress) or 'nothing'})")
     os.environ.update(config.env)
     if config.model.torch_threads:
         import torch
@@ -304,11 +317,16 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
     )
     with StepLogger(run_dir, console=False, trackers=trackers) as logger:
         with phases("sft"):
-            policy = build_base_model(config, run_dir / "model" / "base")
+            policy = build_base_model(config, run_dir / "model" / "base", reuse=resume)
             sft_loss = None
-            if config.sft.enabled:
+            if "sft" in progress:
+                policy, sft_loss = run_dir / "model" / "sft", progress["sft"]["loss"]
+                console.print(f"SFT: reusing {policy} (from progress.json)")
+            elif config.sft.enabled:
                 sft_dir = run_dir / "model" / "sft"
                 policy, sft_loss = run_sft_stage(config, policy, datasets, sft_dir, console, logger)
+                progress["sft"] = {"loss": sft_loss}
+                save_progress(run_dir, progress)
         sft_cpu = time.process_time()
         console.print(f"SFT done (last loss {sft_loss})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
@@ -330,7 +348,17 @@ async def run(config: RetoolAppConfig, console: Console | None = None) -> dict[s
             evaluate = Evaluator(config, settings, datasets, logger)
             async with Router(urls) as router:
                 with phases("eval_before"):
-                    before = await evaluate(router, 0)
+                    if "before" in progress:
+                        console.print("evaluation before RL: from progress.json (resumed run)")
+                        before = progress["before"]["metrics"]
+                        evaluate.per_problem[0] = progress["before"]["per_problem"]
+                    else:
+                        before = await evaluate(router, 0)
+                        progress["before"] = {
+                            "metrics": before,
+                            "per_problem": evaluate.per_problem[0],
+                        }
+                        save_progress(run_dir, progress)
                 console.print(
                     f"before RL: acc {accuracy(before):.3f}, "
                     f"turns {before['val-aux/num_turns/mean']:.2f}"
@@ -496,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     try:
-        asyncio.run(run(config))
+        asyncio.run(run(config, resume=args.resume))
     except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
         print(f"error: {exc}", file=sys.stderr)
         return 2

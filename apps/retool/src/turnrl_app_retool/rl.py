@@ -119,14 +119,16 @@ async def run_rl_stage(
     (through disk). Trains in this process, or on the Ray runner's trainer ranks (``job``, a
     ``RayGRPORun`` whose engines serve ``urls``); with the KL loss, against the frozen
     ``policy`` as reference. ``evaluate(step)`` runs every ``rl.eval_interval`` steps but
-    the last (the evaluation after RL follows it).
+    the last (the evaluation after RL follows it). Checkpoints go to ``run_dir/checkpoints``
+    every ``rl.save_interval`` steps and after the last; a folder that already has one (a
+    resumed run) continues from the latest (``GRPOLoop.resume``).
 
     Returns:
         Every step's metrics.
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import LoopConfig
+    from turnrl.grpo_core.loop import LoopConfig, latest_checkpoint
     from turnrl.grpo_core.recipe import build_loop
 
     rl = config.rl
@@ -138,6 +140,7 @@ async def run_rl_stage(
         advantage_estimator=rl.advantage_estimator,
         rollout_shuffle=True,
         eval_interval=rl.eval_interval,
+        save_interval=rl.save_interval,
         seed=config.seed,
     )
     reference = None
@@ -199,8 +202,13 @@ async def run_rl_stage(
             on_metrics=on_metrics,
             engine_busy=router.busy_seconds,
             evaluate=during_rl,
+            checkpoint_dir=run_dir / "checkpoints",
         )
-        for _ in range(rl.num_rollout):
+        if (checkpoint := latest_checkpoint(run_dir / "checkpoints")) is not None:
+            done = await loop.resume(checkpoint)  # only a resumed run's folder has one
+            console.print(f"resumed GRPO from {checkpoint} ({done}/{rl.num_rollout} steps done)")
+            bar.update(task, completed=done)
+        for _ in range(rl.num_rollout - loop.step):
             if rl.dynamic_sampling:
                 samples, seconds, stats = await collect_informative(loop, rl)
             else:
@@ -209,5 +217,7 @@ async def run_rl_stage(
             step_stats.clear()
             step_stats.update(stats)
             await loop.learn(samples, seconds)
+    if latest_checkpoint(run_dir / "checkpoints") != run_dir / "checkpoints" / f"step_{loop.step}":
+        loop.save_checkpoint()  # the last step's state, whatever --save-interval
     loop.trainer.export_hf(run_dir / "model" / "rl")
     return loop.history

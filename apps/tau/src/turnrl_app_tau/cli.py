@@ -10,13 +10,12 @@ tau-bench's runner).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from turnrl.grpo_core.recipe.run_folder import read_run_config
 from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
 
 # (flag, "section.field", kind); kind: a type for valued flags, "on" sets True, "off" sets False.
@@ -332,16 +331,7 @@ def _resumed_config(args: dict[str, Any], name: str | None, use_smoke: bool) -> 
     """
     if name or use_smoke:
         raise ValueError("--resume continues a run with its own config; drop --preset/--smoke")
-    run_dir = args.get("run_dir")
-    if not run_dir:
-        raise ValueError("--resume needs --run-dir (the folder of the run to continue)")
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: {path} not found (not a run folder of this app?)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--resume: {path} is not valid JSON ({exc})") from exc
+    data = read_run_config(args.get("run_dir"))
     for dotted, value in args.items():
         _set(data, dotted, value)
     return from_dict(data)

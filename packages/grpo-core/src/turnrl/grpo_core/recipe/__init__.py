@@ -7,7 +7,8 @@
 - :func:`~turnrl.grpo_core.recipe.loop.build_loop`: the RL stage's GRPOLoop with its
   trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
 - :mod:`~turnrl.grpo_core.recipe.run_folder`: ``claim_run_dir`` (a new folder, or a clear
-  refusal of one that holds a run), ``load_progress`` / ``save_progress`` for resume.
+  refusal of one that holds a run), ``load_progress`` / ``save_progress`` for resume,
+  ``read_run_config`` / ``config_from_dict`` for the interrupted run's config.
 - :mod:`~turnrl.grpo_core.recipe.evaluation`: held-out statistics (mean and standard error
   over items, pass^k, the paired change RL made, a verdict sentence), phase timing, the
   run's curves and ``summary.json``.
@@ -20,7 +21,13 @@ runner goes through these same functions on a laptop CPU and on a cluster.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from turnrl.grpo_core.recipe.run_folder import claim_run_dir, load_progress, save_progress
+from turnrl.grpo_core.recipe.run_folder import (
+    claim_run_dir,
+    config_from_dict,
+    load_progress,
+    read_run_config,
+    save_progress,
+)
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.cluster import accelerator, ray_run
@@ -43,7 +50,9 @@ __all__ = [
     "accelerator",
     "build_loop",
     "claim_run_dir",
+    "config_from_dict",
     "load_progress",
     "ray_run",
+    "read_run_config",
     "save_progress",
 ]

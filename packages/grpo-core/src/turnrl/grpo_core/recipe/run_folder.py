@@ -9,10 +9,13 @@ into the first's and overwrite its summary); ``--resume`` continues such a folde
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PROGRESS = "progress.json"
 """Results of finished phases in the run folder (read back on resume)."""
@@ -36,6 +39,50 @@ def claim_run_dir(run_dir: str | Path | None, app: str, *, resume: bool = False)
         )
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def read_run_config(run_dir: str | Path | None) -> dict[str, Any]:
+    """The resolved config an earlier run wrote to ``run_dir/config.json`` (for ``--resume``).
+
+    Raises:
+        ValueError: no ``run_dir``, or its config is not a JSON object.
+        FileNotFoundError: ``run_dir`` holds no config.json.
+    """
+    if not run_dir:
+        raise ValueError("--resume needs --run-dir (the folder of the run to continue)")
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume: {path} not found (not a run folder of this app?)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resume: {path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"--resume: {path} holds no config object")
+    return data
+
+
+def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Rebuild the dataclass ``cls`` from its ``dataclasses.asdict`` output: a field whose
+    default is a dataclass (a config section) is rebuilt from its dict the same way.
+
+    Raises:
+        ValueError: a key ``cls`` or one of its sections does not have, or a section that
+            is not an object.
+    """
+    defaults = cls()
+    names = {f.name for f in dataclasses.fields(defaults)}  # type: ignore[arg-type]
+    if unknown := sorted(set(data) - names):
+        raise ValueError(f"unknown config keys in {cls.__name__}: {unknown}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        section = getattr(defaults, key)
+        if dataclasses.is_dataclass(section):
+            if not isinstance(value, dict):
+                raise ValueError(f"config section {key!r} must be an object, got {value!r}")
+            value = config_from_dict(type(section), value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def load_progress(run_dir: Path) -> dict[str, Any]:
