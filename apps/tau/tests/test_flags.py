@@ -116,6 +116,14 @@ def test_max_off_policy_steps_needs_the_async_loop() -> None:
     assert config.loop.asynchronous and config.loop.max_off_policy_steps == 2
 
 
+def test_async_with_colocated_engines_is_refused() -> None:
+    """Colocated engines sleep while the ranks train; the async loop generates meanwhile."""
+    argv = ["--runner", "ray", "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"]
+    check_supported(resolve([*argv, "--colocate"], {}).config)
+    with pytest.raises(ValueError, match="--async with --colocate"):
+        check_supported(resolve([*argv, "--colocate", "--async"], {}).config)
+
+
 def test_logger_names_the_trackers_and_an_unknown_one_is_refused() -> None:
     config = resolve(["--logger", "wandb,mlflow"], {}).config
     check_supported(config)

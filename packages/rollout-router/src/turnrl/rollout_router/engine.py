@@ -80,7 +80,12 @@ class EngineSpec:
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns (``--logprobs-mode``); see ``LOGPROBS_MODES``."""
     dev_mode: bool = True
-    """Expose the RL routes (pause/resume, abort all, collective RPC, weight transfer)."""
+    """Expose the RL routes (pause/resume, abort all, collective RPC, weight transfer,
+    sleep / wake up)."""
+    sleep_mode: bool = False
+    """Let the engine free its device memory on ``/sleep`` (``--enable-sleep-mode``), for
+    engines colocated with the trainer. GPU / NPU only: vLLM refuses the flag on CPU, where
+    the sleep routes keep their protocol and free nothing."""
     extra_args: list[str] = field(default_factory=list)
     """More ``vllm serve`` flags, appended verbatim."""
     env: dict[str, str] = field(default_factory=dict)
@@ -109,6 +114,8 @@ class EngineSpec:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.sleep_mode and not self.dev_mode:
+            raise ValueError("sleep_mode needs dev_mode (the /sleep and /wake_up routes)")
 
     @property
     def url(self) -> str:
@@ -135,6 +142,8 @@ def launch_command(spec: EngineSpec, python: str) -> list[str]:
         cmd += ["--data-parallel-size", str(spec.data_parallel_size)]
     if spec.device != "cpu":
         cmd += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+        if spec.sleep_mode:
+            cmd += ["--enable-sleep-mode"]
     return cmd + list(spec.extra_args)
 
 

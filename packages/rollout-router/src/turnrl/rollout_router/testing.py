@@ -42,6 +42,8 @@ RL_ROUTES = (
     "/update_weights",
     "/finish_weight_update",
     "/shutdown_weight_transfer_engine",
+    "/sleep",
+    "/wake_up",
 )
 
 
@@ -82,6 +84,8 @@ class FakeEngine:
     """What ``/weight_info`` reports (set by ``/update_weight_version``)."""
     paused: bool = False
     """Set by ``/pause``, cleared by ``/resume``."""
+    sleeping: set[str] = field(default_factory=set)
+    """What ``/sleep`` put to sleep (``weights``, ``kv_cache``) and ``/wake_up`` not yet woke."""
     _runner: web.AppRunner | None = None
     _transports: set[asyncio.Transport] = field(default_factory=set)
 
@@ -104,6 +108,7 @@ class FakeEngine:
             app.router.add_post(route, self._rl_call)
         app.router.add_get("/weight_info", self._weight_info)
         app.router.add_get("/is_paused", self._is_paused)
+        app.router.add_get("/is_sleeping", self._is_sleeping)
         self.port = self.port or free_port()
         self._runner = web.AppRunner(
             app,
@@ -132,6 +137,10 @@ class FakeEngine:
             self.weight_version = body["new_version"]
         elif request.path in ("/pause", "/resume"):
             self.paused = request.path == "/pause"
+        elif request.path == "/sleep":
+            self.sleeping = {"weights", "kv_cache"}
+        elif request.path == "/wake_up":
+            self.sleeping -= set(request.query.getall("tags", ["weights", "kv_cache"]))
         return web.json_response({"ok": True})
 
     async def _weight_info(self, _: web.Request) -> web.Response:
@@ -139,6 +148,9 @@ class FakeEngine:
 
     async def _is_paused(self, _: web.Request) -> web.Response:
         return web.json_response({"is_paused": self.paused})
+
+    async def _is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": bool(self.sleeping)})
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)

@@ -88,6 +88,11 @@ class AsyncGRPOLoop(GRPOLoop):
     ) -> None:
         if abort is not None and not callable(abort):
             raise TypeError(f"abort must be an async callable or None, got {abort!r}")
+        if kwargs.get("engine_sleep") is not None:
+            raise ValueError(
+                "colocated engines sleep while the trainer trains, and the asynchronous loop "
+                "generates during training: drop --async or --colocate"
+            )
         super().__init__(config, trainer, prompts, generate, reward, **kwargs)
         self.abort = abort
         self.user_on_metrics = on_metrics

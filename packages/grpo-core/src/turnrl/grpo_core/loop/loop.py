@@ -58,6 +58,7 @@ from turnrl.grpo_core.loop.samples import (
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
 from turnrl.grpo_core.weight_sync.disk import WeightSync
+from turnrl.grpo_core.weight_sync.sleep import EngineSleep
 
 GenerateFn = Callable[[list[Any], int], Awaitable[list[Any]]]
 """``(prompts, n_samples_per_prompt) -> samples`` (group ids set by the hook)."""
@@ -333,6 +334,10 @@ class GRPOLoop:
             router's ``busy_seconds``): each step then logs the engines' busy fraction
             during its rollout (``rollout/engine_busy_frac``; not in the async loop, whose
             rollouts overlap) and over the whole step (``perf/engine_busy_frac``).
+        engine_sleep: Engines colocated with the trainer
+            (:class:`~turnrl.grpo_core.weight_sync.sleep.EngineSleep`): they sleep while it
+            trains, wake their weights for the sync and their KV cache after it
+            (``perf/sleep_s``, ``perf/wake_s``).
     """
 
     def __init__(
@@ -350,6 +355,7 @@ class GRPOLoop:
         on_metrics: MetricsFn | None = None,
         checkpoint_dir: str | Path | None = None,
         engine_busy: BusyFn | None = None,
+        engine_sleep: EngineSleep | None = None,
     ) -> None:
         if config.save_interval and checkpoint_dir is None:
             raise ValueError("save_interval is set but no checkpoint_dir was given")
@@ -360,7 +366,7 @@ class GRPOLoop:
         self.weight_sync, self.pad_id, self.reference = weight_sync, pad_id, reference
         self.evaluate, self.on_metrics = evaluate, on_metrics
         self.checkpoint_dir = checkpoint_dir
-        self.engine_busy = engine_busy
+        self.engine_busy, self.engine_sleep = engine_busy, engine_sleep
         self._busy_mark: tuple[float, Mapping[str, float]] | None = None
         """(time, busy seconds) at the end of the last step (``perf/engine_busy_frac``)."""
         self._rollout_busy: dict[str, float] = {}
@@ -408,12 +414,18 @@ class GRPOLoop:
         metrics = rollout_metrics(samples, rollout_s)
         metrics.update(self._rollout_busy)
         self._rollout_busy = {}
+        if self.engine_sleep is not None:  # colocated: the trainer gets the devices
+            metrics["perf/sleep_s"] = await self.engine_sleep.sleep()
         metrics.update(self._train(samples))
         trained = time.perf_counter()
         self.step += 1
+        if self.engine_sleep is not None:
+            metrics["perf/wake_s"] = await self.engine_sleep.wake(["weights"])
         if self.weight_sync is not None:
             sync = await self.weight_sync.sync(self.trainer, self.step)
             metrics.update({f"perf/sync_{k}": v for k, v in sync.items()})
+        if self.engine_sleep is not None:
+            metrics["perf/wake_s"] += await self.engine_sleep.wake(["kv_cache"])
         synced = time.perf_counter()
         metrics.update(
             {

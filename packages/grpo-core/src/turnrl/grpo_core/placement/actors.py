@@ -436,6 +436,8 @@ class RayPlacement:
         if self.engines:
             raise RuntimeError("engines are already started")
         plan = self.plan
+        if plan.colocate and launch.spec is not None:  # free the devices while ranks train
+            launch = replace(launch, spec=replace(launch.spec, sleep_mode=True))
         remote = ray.remote(EngineActor)
         for e, group in enumerate(plan.engine_bundles):
             options = self._options(group[0], plan.engine_share)

@@ -64,6 +64,7 @@ from turnrl.grpo_core.placement.actors import EngineLaunch, RayPlacement, requir
 from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
+from turnrl.grpo_core.weight_sync.sleep import EngineSleep
 
 __all__ = [
     "GROUP_METRICS",
@@ -442,7 +443,8 @@ class RayGRPORun:
     ) -> GRPOLoop:
         """A :class:`GRPOLoop` training with the trainer group, syncing the engines by disk
         (an :class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop` when
-        ``config.asynchronous``).
+        ``config.asynchronous``); colocated engines sleep while the ranks train
+        (:class:`~turnrl.grpo_core.weight_sync.sleep.EngineSleep`).
 
         Args:
             config, prompts, generate, reward, pad_id, reference, evaluate, on_metrics,
@@ -453,11 +455,13 @@ class RayGRPORun:
         """
         if self.trainers is None:
             raise RuntimeError("call RayGRPORun.start() first")
-        weight_sync = None
+        weight_sync, engine_sleep = None, None
         if self.engine_urls:
             if sync_root is None:
                 raise ValueError("the run has engines: give sync_root for the weight sync")
             weight_sync = DiskWeightSync(self.engine_urls, sync_root, keep_last=keep_last)
+            if self.placement.config.colocate:  # the engines sleep while the ranks train
+                engine_sleep = EngineSleep(self.engine_urls)
         from turnrl.grpo_core.loop.async_loop import loop_class
 
         return loop_class(config)(
@@ -473,6 +477,7 @@ class RayGRPORun:
             on_metrics=on_metrics,
             checkpoint_dir=checkpoint_dir,
             engine_busy=engine_busy,
+            engine_sleep=engine_sleep,
         )
 
     def shutdown(self) -> None:
