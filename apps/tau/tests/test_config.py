@@ -294,7 +294,7 @@ def test_bad_input_is_refused() -> None:
         preset("nope")
     with pytest.raises(ValueError, match="unknown config keys"):
         from_dict({"bogus": 1})
-    with pytest.raises(ValueError, match="unknown keys in section"):
+    with pytest.raises(ValueError, match="unknown config keys in LoopConfig"):
         from_dict({"loop": {"bogus": 1}})
     assert isinstance(TauAppConfig(), TauAppConfig)
 

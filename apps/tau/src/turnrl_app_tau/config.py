@@ -19,6 +19,7 @@ from typing import Any
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
+from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
@@ -324,39 +325,13 @@ class TauAppConfig:
         return out
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "cluster": ClusterConfig,
-    "parallel": ParallelConfig,
-    "loop": LoopConfig,
-    "loss": ActorLossConfig,
-    "optimizer": OptimizerConfig,
-    "rollout": RolloutSettings,
-    "tau": TauSettings,
-}
-
-
 def from_dict(data: dict[str, Any]) -> TauAppConfig:
     """Rebuild a config from :meth:`TauAppConfig.to_dict` output (validating every section).
 
     Raises:
         ValueError: an unknown key, or a value a section rejects.
     """
-    top = {f.name for f in dataclasses.fields(TauAppConfig)}
-    unknown = set(data) - top
-    if unknown:
-        raise ValueError(f"unknown config keys: {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in SECTIONS:
-            names = {f.name for f in dataclasses.fields(SECTIONS[key])}
-            bad = set(value) - names
-            if bad:
-                raise ValueError(f"unknown keys in section {key!r}: {sorted(bad)}")
-            kwargs[key] = SECTIONS[key](**value)
-        else:
-            kwargs[key] = value
-    return TauAppConfig(**kwargs)
+    return config_from_dict(TauAppConfig, data)
 
 
 def cpu_default() -> TauAppConfig:
