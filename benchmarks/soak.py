@@ -145,7 +145,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     }
     mismatch = [s.get("train/mismatch_abs_diff") for s in steps]
     return {
-        "command": [str(APP), *flags],
+        "command": ["apps/retool", *flags[: flags.index("--run-dir")], *args.app_args],
         "steps": len(steps),
         "wall_s": time.perf_counter() - start,
         "warmup": first,

