@@ -32,32 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from turnrl.npu_runtime.supervise import cmdline, descendants
+
 APP = Path(__file__).resolve().parents[1] / "apps" / "retool"
 ROLES = ("trainer", "engine", "sandbox")
-
-
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from ``/proc``."""
-    tree: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def _subtree(pid: int, tree: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += tree.get(p, [])
-    return out
 
 
 def _usage(pid: int) -> tuple[int, int]:
@@ -70,23 +48,15 @@ def _usage(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def sample(app_pid: int) -> dict[str, dict[str, int]]:
     """RSS and fds per role, summed over each role's process tree."""
-    tree = _children()
     roles: dict[str, list[int]] = {"trainer": [app_pid], "engine": [], "sandbox": []}
-    for child in _subtree(app_pid, tree)[1:]:
-        line = _cmdline(child)
+    for child in descendants(app_pid):
+        line = cmdline(child)
         if "vllm.entrypoints" in line:
-            roles["engine"] += _subtree(child, tree)
+            roles["engine"] += [child, *descendants(child)]
         elif "tool_envs.sandbox" in line or "turnrl-sandbox" in line:
-            roles["sandbox"] += _subtree(child, tree)
+            roles["sandbox"] += [child, *descendants(child)]
     out = {}
     for role, pids in roles.items():
         usage = [_usage(p) for p in set(pids)]

@@ -34,6 +34,7 @@ from turnrl.grpo_core.loop import (
     read_loop_state,
 )
 from turnrl.grpo_core.testing.golden import ToyRunConfig, build_toy_loop, deterministic_torch
+from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
 WORKER = Path(__file__).resolve().parent / "loop_resume_worker.py"
@@ -254,6 +255,27 @@ def test_save_checkpoint_needs_a_checkpoint_dir(model: Path) -> None:
     loop = build_toy_loop(model, ToyRunConfig(steps=1))
     with pytest.raises(ValueError, match="no checkpoint_dir"):
         loop.save_checkpoint()
+    with pytest.raises(ValueError, match="no checkpoint_dir"):
+        loop.ensure_checkpoint()
+
+
+async def test_the_last_step_is_checkpointed_once_and_resumed_from_the_newest(
+    model: Path, tmp_path: Path
+) -> None:
+    """What both apps do after their last step and at a resumed start."""
+    ckpt = tmp_path / "ckpt"
+    loop = build_toy_loop(model, ToyRunConfig(steps=3), checkpoint_dir=ckpt, save_interval=2)
+    assert await loop.resume_latest() is None and loop.step == 0  # a fresh folder
+    await loop.run(2)  # save_interval wrote step_2
+    saved = (ckpt / "step_2" / TRAINER_STATE).stat().st_mtime_ns
+    assert loop.ensure_checkpoint() == ckpt / "step_2"
+    assert (ckpt / "step_2" / TRAINER_STATE).stat().st_mtime_ns == saved  # not written again
+    await loop.run(1)
+    assert (
+        loop.ensure_checkpoint() == ckpt / "step_3" and latest_checkpoint(ckpt) == ckpt / "step_3"
+    )
+    again = build_toy_loop(model, ToyRunConfig(steps=3), checkpoint_dir=ckpt, save_interval=2)
+    assert await again.resume_latest() == ckpt / "step_3" and again.step == 3
 
 
 # -- kill the trainer process ----------------------------------------------------------

@@ -128,7 +128,7 @@ async def run_rl_stage(
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import LoopConfig, latest_checkpoint
+    from turnrl.grpo_core.loop import LoopConfig
     from turnrl.grpo_core.recipe import build_loop
 
     rl = config.rl
@@ -204,10 +204,11 @@ async def run_rl_stage(
             evaluate=during_rl,
             checkpoint_dir=run_dir / "checkpoints",
         )
-        if (checkpoint := latest_checkpoint(run_dir / "checkpoints")) is not None:
-            done = await loop.resume(checkpoint)  # only a resumed run's folder has one
-            console.print(f"resumed GRPO from {checkpoint} ({done}/{rl.num_rollout} steps done)")
-            bar.update(task, completed=done)
+        if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
+            console.print(
+                f"resumed GRPO from {checkpoint} ({loop.step}/{rl.num_rollout} steps done)"
+            )
+            bar.update(task, completed=loop.step)
         for _ in range(rl.num_rollout - loop.step):
             if rl.dynamic_sampling:
                 samples, seconds, stats = await collect_informative(loop, rl)
@@ -217,7 +218,6 @@ async def run_rl_stage(
             step_stats.clear()
             step_stats.update(stats)
             await loop.learn(samples, seconds)
-    if latest_checkpoint(run_dir / "checkpoints") != run_dir / "checkpoints" / f"step_{loop.step}":
-        loop.save_checkpoint()  # the last step's state, whatever --save-interval
+    loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
     loop.trainer.export_hf(run_dir / "model" / "rl")
     return loop.history

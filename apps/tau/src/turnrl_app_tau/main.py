@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnrl.grpo_core.loop import load_function
-from turnrl.grpo_core.loop.loop import BusyFn, EvalFn, latest_checkpoint
+from turnrl.grpo_core.loop.loop import BusyFn, EvalFn
 from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
 from turnrl.grpo_core.recipe import build_loop, claim_run_dir, load_progress, save_progress
 from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
@@ -513,17 +513,14 @@ async def _train(
         reference=reference_kwargs(config, policy),
         **hooks,
     )
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    if checkpoint is not None:  # only a resumed run's folder has checkpoints already
-        done = await loop.resume(checkpoint)
-        console.print(f"resumed GRPO from {checkpoint} ({done}/{total} steps done)")
+    if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
+        console.print(f"resumed GRPO from {checkpoint} ({loop.step}/{total} steps done)")
     columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("steps", total=total, completed=loop.step)
         advance.append(lambda: progress.advance(bar))
         await loop.run(total - loop.step)  # async: rollouts overlap the steps' training
-    if latest_checkpoint(run_dir / "checkpoints") != run_dir / "checkpoints" / f"step_{loop.step}":
-        loop.save_checkpoint()
+    loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
     return {"steps": loop.step, "train_history": loop.history}
 
 

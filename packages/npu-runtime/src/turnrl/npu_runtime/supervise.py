@@ -624,7 +624,8 @@ def start_process(
     return proc
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` (``?`` if it is gone or unreadable)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
@@ -686,7 +687,7 @@ def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:
     left = descendants()
     if not left:
         return code
-    names = "; ".join(f"{pid} {_cmdline(pid)[:200]}" for pid in left)
+    names = "; ".join(f"{pid} {cmdline(pid)[:200]}" for pid in left)
     print(f"turnrl supervise: {len(left)} process(es) left running: {names}", file=sys.stderr)
     kill_descendants(grace)
     return code or 3

@@ -81,7 +81,28 @@ class TransferGroup(Protocol):
         ...
 
 
-class TorchTransferGroup:
+def _check_world_size(world_size: int) -> None:
+    if world_size < 2:
+        raise ValueError(f"a transfer group needs the trainer and >= 1 worker, got {world_size}")
+
+
+class _TcpRendezvous:
+    """A group whose workers join the TCP store rank 0 hosts at ``master_address:master_port``."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+
+    def init_info(self) -> dict[str, Any]:
+        """``master_address``, ``master_port``, ``world_size``."""
+        return {
+            "master_address": self.master_address,
+            "master_port": self.master_port,
+            "world_size": self.world_size,
+        }
+
+
+class TorchTransferGroup(_TcpRendezvous):
     """A ``torch.distributed`` backend on a trainer-hosted ``TCPStore``; rank 0.
 
     Args:
@@ -104,10 +125,7 @@ class TorchTransferGroup:
     ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"TorchTransferGroup backend must be gloo or nccl, got {backend!r}")
-        if world_size < 2:
-            raise ValueError(
-                f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
-            )
+        _check_world_size(world_size)
         self.backend = backend
         self.world_size = world_size
         self.device = torch.device(device)
@@ -124,14 +142,6 @@ class TorchTransferGroup:
         self.master_port = int(self._store.port)
         """The store's port (the one picked when ``master_port`` was 0)."""
         self._group: Any = None
-
-    def init_info(self) -> dict[str, Any]:
-        """``master_address``, ``master_port``, ``world_size``."""
-        return {
-            "master_address": self.master_address,
-            "master_port": self.master_port,
-            "world_size": self.world_size,
-        }
 
     def join(self) -> None:
         """Create the backend as rank 0 (returns once every worker has connected)."""
@@ -219,10 +229,7 @@ class NcclUniqueIdTransferGroup:
     def __init__(
         self, world_size: int, device: str | torch.device, library: str | None = None
     ) -> None:
-        if world_size < 2:
-            raise ValueError(
-                f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
-            )
+        _check_world_size(world_size)
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"the NCCL transfer group needs a cuda device, got {self.device}")
@@ -302,7 +309,7 @@ def _import(module: str, what: str) -> ModuleType:
         ) from exc
 
 
-class HcclTransferGroup:
+class HcclTransferGroup(_TcpRendezvous):
     """Rank 0 of vllm-ascend's ``hccl`` weight-transfer group (Ascend NPU only).
 
     Imports ``torch_npu``, vLLM's ``StatelessProcessGroup`` and vllm-ascend's
@@ -326,10 +333,7 @@ class HcclTransferGroup:
         timeout_s: float = 300.0,
         device: str | torch.device | None = None,
     ) -> None:
-        if world_size < 2:
-            raise ValueError(
-                f"a transfer group needs the trainer and >= 1 worker, got {world_size}"
-            )
+        _check_world_size(world_size)
         try:
             self._npu: Any = accelerator_module(DeviceType.NPU)  # torch_npu's device module
         except ImportError as exc:
@@ -355,14 +359,6 @@ class HcclTransferGroup:
         """The store's port (the one picked when ``master_port`` was 0)."""
         self._timeout_s = timeout_s
         self._comm: Any = None
-
-    def init_info(self) -> dict[str, Any]:
-        """``master_address``, ``master_port``, ``world_size`` (vllm-ascend's TCP rendezvous)."""
-        return {
-            "master_address": self.master_address,
-            "master_port": self.master_port,
-            "world_size": self.world_size,
-        }
 
     def join(self) -> None:
         """Host the store as rank 0 and create the HCCL communicator with every worker.

@@ -559,6 +559,26 @@ class GRPOLoop:
         self.trainer.save_checkpoint(folder, {"loop": self.state_dict()})
         return folder
 
+    def ensure_checkpoint(self) -> Path:
+        """The checkpoint of the current step: saved now unless ``save_interval`` already
+        wrote it (an app calls this after its last step, whatever the interval)."""
+        if self.checkpoint_dir is None:
+            raise ValueError("this loop has no checkpoint_dir")
+        folder = Path(self.checkpoint_dir) / f"step_{self.step}"
+        if latest_checkpoint(self.checkpoint_dir) == folder:
+            return folder
+        return self.save_checkpoint()
+
+    async def resume_latest(self) -> Path | None:
+        """Continue from the newest complete checkpoint in ``checkpoint_dir`` (see
+        :meth:`resume`); returns it, or None when there is none (a fresh run folder)."""
+        if self.checkpoint_dir is None:
+            return None
+        folder = latest_checkpoint(self.checkpoint_dir)
+        if folder is not None:
+            await self.resume(folder)
+        return folder
+
     async def resume(self, path: str | Path, *, sync_weights: bool = True) -> int:
         """Continue from a checkpoint folder written by this loop (``.../step_<n>``).
 
