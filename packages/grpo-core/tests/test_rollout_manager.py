@@ -8,6 +8,8 @@ crashed process, and report what is running on them.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,9 +25,10 @@ from turnrl.grpo_core.loop.rollout_manager import (
     engine_failed,
     keep_rewards,
 )
+from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
-from turnrl.rollout_router.testing import FakeEngine
+from turnrl.rollout_router.testing import FakeEngine, fake_engine_processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -256,6 +259,40 @@ async def test_leftovers_are_aborted_and_drained(engines, router: Router):
     assert sorted(scored) == [0, 2, 100, 102]  # aborted leftovers are never scored
 
 
+async def test_an_abort_the_engines_ignore_is_counted_and_bounded(engines, router: Router):
+    """Engines that swallow every abort: after its drain timeout the step returns what
+    completed, counts each leftover request as undrained, scores none of them, and the
+    client's last resort (closing the streams) leaves nothing running on the engines."""
+    for engine in engines:
+        engine.ignore_aborts = 1000
+    config = RolloutManagerConfig(over_sampling_batch_size=8, drain_timeout=1.0)
+    scored: list[int] = []
+    score = varying_when(lambda p: True)
+
+    async def reward(samples: list[Traj]) -> list[float]:
+        scored.append(samples[0].prompt_ids[0] - 1)
+        return await score(samples)
+
+    manager = RolloutManager(
+        make_episode(router, lambda p: 10 if p % 2 == 0 else 5000),
+        reward,
+        router,
+        config,
+        prompt_source=counter_source(100),
+    )
+    start = time.monotonic()
+    samples = await manager.generate([0, 1, 2, 3], 2)
+    assert time.monotonic() - start < 10.0
+    assert all(s.status == "completed" and len(s.response_ids) == 10 for s in samples)
+    m = manager.metrics
+    assert m["rollout/groups_leftover"] == 4 and m["rollout/undrained_aborts"] == 8
+    assert sorted(scored) == [0, 2, 100, 102]  # the undrained leftovers are never scored
+    deadline = time.monotonic() + 5
+    while any(engine.running for engine in engines) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert all(engine.running == {} for engine in engines)  # the closed streams ended them
+
+
 @pytest.mark.parametrize("report_errors", [False, True], ids=["raises", "failed-status"])
 async def test_engine_killed_mid_rollout_step_completes_on_the_other(
     engines: list[FakeEngine], router: Router, report_errors: bool
@@ -281,6 +318,48 @@ async def test_engine_killed_mid_rollout_step_completes_on_the_other(
     retried = [s for s in samples if not s.session_id.endswith("-a0")]
     assert len(retried) == on_victim > 0
     assert manager.metrics["rollout/episode_retries"] >= on_victim
+
+
+@pytest.mark.parametrize("report_errors", [False, True], ids=["raises", "failed-status"])
+async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(report_errors: bool):
+    """A real engine process stopped mid-rollout (SIGSTOP: its port accepts, it answers
+    nothing): the streams on it fail after the client's read timeout, their episodes re-run
+    on the other engine, and the step completes with every sample from the survivor."""
+    read_timeout = 1.0
+
+    def client(url: str) -> EngineClient:
+        return EngineClient(url, connect_timeout=1.0, read_timeout=read_timeout)
+
+    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
+    with fake_engine_processes(2, token_delay=0.005) as procs:
+        (_, survivor), (victim, victim_url) = procs
+        for _, url in procs:
+            async with client(url) as c:
+                while not await c.health(timeout=1.0):
+                    await asyncio.sleep(0.1)
+        async with Router([survivor, victim_url], config, client_factory=client) as router:
+            manager = RolloutManager(
+                make_episode(router, lambda p: 200, report_errors=report_errors),
+                varying_when(lambda p: True),
+                router,
+                RolloutManagerConfig(max_retries=3, retry_backoff=0.05),
+            )
+            step = asyncio.create_task(manager.generate(list(range(4)), 2))
+            while sum(router.engine(victim_url).client.in_flight_tokens().values()) < 20:
+                assert not step.done()
+                await asyncio.sleep(0.005)
+            on_victim = len(router.engine(victim_url).client.in_flight())
+            os.kill(victim.pid, signal.SIGSTOP)
+            began = time.monotonic()
+            samples = await asyncio.wait_for(step, 30)
+            waited = time.monotonic() - began
+    assert len(samples) == 8
+    assert all(s.status == "completed" and len(s.response_ids) == 200 for s in samples)
+    assert all(s.engine == survivor for s in samples)
+    retried = [s for s in samples if not s.session_id.endswith("-a0")]
+    assert len(retried) == on_victim > 0
+    assert manager.metrics["rollout/episode_retries"] >= on_victim
+    assert waited < read_timeout + 10  # the hang cost one read timeout, then the re-runs
 
 
 async def test_all_engines_dead_is_a_clear_error_not_a_hang(engines, router: Router):

@@ -9,16 +9,15 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import PartialGenerationError, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.testing import fake_engine_processes
 
 READ_TIMEOUT = 1.0
 
@@ -27,29 +26,13 @@ StartEngine = Callable[..., tuple[subprocess.Popen[bytes], str]]
 
 @pytest.fixture
 def start_engine() -> Iterator[StartEngine]:
-    """Fake engines as their own processes (``python -m turnrl.rollout_router.testing``)."""
-    procs: list[subprocess.Popen[bytes]] = []
+    """Fake engines as their own processes, killed at the end of the test."""
+    with contextlib.ExitStack() as stack:
 
-    def start(token_delay: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
-        port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "turnrl.rollout_router.testing",
-            "--port",
-            str(port),
-            "--token-delay",
-            str(token_delay),
-        ]
-        procs.append(subprocess.Popen(cmd, start_new_session=True))
-        return procs[-1], f"http://127.0.0.1:{port}"
+        def start(token_delay: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
+            return stack.enter_context(fake_engine_processes(1, token_delay))[0]
 
-    yield start
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.wait(timeout=10)
+        yield start
 
 
 async def _healthy(*urls: str) -> None:

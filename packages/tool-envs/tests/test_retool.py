@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
+import time
 
 import pytest
 
@@ -23,6 +26,8 @@ from turnrl.tool_envs.rollout import RolloutConfig, run_episode
 from turnrl.tool_envs.sandbox import RunResult, SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import (
     TEST_SERVER_ARGS,
+    EmbeddedSandbox,
+    sandbox_processes,
     shared_sandbox,
 )
 from turnrl.tool_envs.tool_calls import ToolCall, render_tool_call, to_openai_tool_calls
@@ -204,3 +209,43 @@ async def test_a_sandbox_outage_is_a_failed_episode_not_a_scored_one(qwen3, make
     trajectory = await run_episode(engine, RetoolEnv(dead), qwen3, "p", RolloutConfig())
     assert trajectory.status == "failed"
     assert trajectory.metadata["error"].startswith("SandboxUnavailableError: the sandbox did not")
+
+
+@linux_only
+async def test_a_sandbox_killed_mid_run_fails_the_episode_at_once(qwen3, make_engine):
+    """The sandbox server and its runs get SIGKILL while a run is in flight (not a port
+    that never listened): the episode ends `failed` well before the run's 30 s timeout,
+    nothing is scored, and none of the server's run processes survive."""
+    call = render_tool_call(
+        ToolCall("code_interpreter", {"code": "import time\ntime.sleep(30)\nprint(1)"})
+    )
+    engine = make_engine([f"Compute.\n{call}", "\\boxed{1}"])
+    server = EmbeddedSandbox(*TEST_SERVER_ARGS).start()
+    config = SandboxClientConfig(url=server.url, max_retries=1, run_timeout=30)
+    client = SandboxClient(config)
+    uids = server.ping()["isolation"]
+    try:
+
+        async def kill_when_running() -> float:
+            while not server.processes():
+                await asyncio.sleep(0.05)
+            assert server.process is not None
+            os.killpg(server.process.pid, signal.SIGKILL)
+            return time.monotonic()
+
+        killer = asyncio.create_task(kill_when_running())
+        env = RetoolEnv(client, RetoolConfig(max_turns=3))
+        episode = run_episode(engine, env, qwen3, "p", RolloutConfig())
+        trajectory = await asyncio.wait_for(episode, 25)
+        killed_at = await killer
+        assert time.monotonic() - killed_at < 15
+    finally:
+        server.stop()
+        client.close()
+    assert trajectory.status == "failed"
+    assert trajectory.metadata["error"].startswith("SandboxUnavailableError"), trajectory.metadata
+    assert env.sandbox_statuses == {"connection_error": 1}
+    assert len(engine.calls) == 1  # the episode stopped at the outage: no answer scored
+    for entry in uids:
+        low, high = entry.get("uids", (0, 0))
+        assert sandbox_processes(low, high - low) == []

@@ -19,6 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -310,6 +314,35 @@ class ThreadedFakeEngine:
         asyncio.run_coroutine_threadsafe(self.engine.kill(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def fake_engine_processes(
+    count: int, token_delay: float = 0.0
+) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """``count`` fake engines, each its own process (``python -m
+    turnrl.rollout_router.testing``, its own session), for faults a process can have
+    (SIGSTOP, SIGKILL); each killed (after a SIGCONT) on exit.
+
+    Yields:
+        ``(process, url)`` per engine; wait for ``/health`` before use.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    urls = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            cmd = [sys.executable, "-m", "turnrl.rollout_router.testing", "--port", str(port)]
+            cmd += ["--token-delay", str(token_delay)]
+            procs.append(subprocess.Popen(cmd, start_new_session=True))
+            urls.append(f"http://127.0.0.1:{port}")
+        yield list(zip(procs, urls, strict=True))
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> None:
