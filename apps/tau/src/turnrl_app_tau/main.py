@@ -26,7 +26,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn
 from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
-from turnrl.grpo_core.recipe import build_loop, claim_run_dir, load_progress, save_progress
+from turnrl.grpo_core.recipe import (
+    build_loop,
+    claim_run_dir,
+    default_run_dir,
+    interrupted,
+    load_progress,
+    save_progress,
+)
 from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
@@ -529,12 +536,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Engines start from a worker thread; only the main thread may install the handlers that
     # stop them on SIGINT / SIGTERM.
     install_signal_handlers()
+    config = None
     try:
         invocation = resolve(argv)
-        asyncio.run(run(invocation.command, invocation.config, invocation.resume))
+        run_dir = invocation.config.run_dir or default_run_dir("tau")  # named in the hint
+        config = dataclasses.replace(invocation.config, run_dir=run_dir)
+        asyncio.run(run(invocation.command, config, invocation.resume))
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    except KeyboardInterrupt:  # the handlers above stopped the engines; Ray is shut down
+        return interrupted("tau", config.run_dir if config else None)
     return 0
 
 

@@ -8,7 +8,8 @@
   trainer, reference policy and weight sync, in this process or on the Ray run's ranks.
 - :mod:`~turnrl.grpo_core.recipe.run_folder`: ``claim_run_dir`` (a new folder, or a clear
   refusal of one that holds a run), ``load_progress`` / ``save_progress`` for resume,
-  ``read_run_config`` / ``config_from_dict`` for the interrupted run's config.
+  ``read_run_config`` / ``config_from_dict`` for the interrupted run's config,
+  ``interrupted`` (Ctrl-C's exit code and ``--resume`` hint).
 - :mod:`~turnrl.grpo_core.recipe.evaluation`: held-out statistics (mean and standard error
   over items, pass^k, the paired change RL made, a verdict sentence), phase timing, the
   run's curves and ``summary.json``.
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from turnrl.grpo_core.recipe.run_folder import (
     claim_run_dir,
     config_from_dict,
+    default_run_dir,
+    interrupted,
     load_progress,
     read_run_config,
     save_progress,
@@ -51,6 +54,8 @@ __all__ = [
     "build_loop",
     "claim_run_dir",
     "config_from_dict",
+    "default_run_dir",
+    "interrupted",
     "load_progress",
     "ray_run",
     "read_run_config",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,15 +24,19 @@ RUN_MARKERS = ("metrics.jsonl", "summary.json", "checkpoints")
 """What only a run writes: a folder holding one of them holds a run."""
 
 
+def default_run_dir(app: str) -> str:
+    """``runs/<app>-<timestamp>``: the folder of a run that names none."""
+    return f"runs/{app}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
 def claim_run_dir(run_dir: str | Path | None, app: str, *, resume: bool = False) -> Path:
-    """The run folder, created: ``run_dir``, or ``runs/<app>-<timestamp>``.
+    """The run folder, created: ``run_dir``, or :func:`default_run_dir`.
 
     Raises:
         ValueError: a fresh run (not ``resume``) names a folder that already holds a run;
             the message says how to continue it or where else to go.
     """
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = Path(run_dir or f"runs/{app}-{stamp}")
+    folder = Path(run_dir or default_run_dir(app))
     if not resume and (held := [m for m in RUN_MARKERS if (folder / m).exists()]):
         raise ValueError(
             f"{folder} already holds a run ({', '.join(held)}): continue it with --resume "
@@ -109,3 +114,11 @@ def save_progress(run_dir: Path, progress: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(progress, indent=2) + "\n")
     tmp.replace(path)
+
+
+def interrupted(app: str, run_dir: str | Path | None) -> int:
+    """After Ctrl-C (the run's engines, sandbox and Ray already stopped on the way out):
+    print how to continue the run and return the shell's exit code for SIGINT, 130."""
+    where = f" --run-dir {run_dir}" if run_dir else ""
+    print(f"interrupted; continue with: uv run apps/{app} --resume{where}", file=sys.stderr)
+    return 130
