@@ -281,6 +281,7 @@ def engine_cpu(session: nox.Session) -> None:
             "-m",
             "vllm",
             "--timeout=900",
+            "--durations=10",
             *session.posargs,
             env={"TURNRL_ENGINE_PYTHON": engine_python},
             success_codes=[0, 5],

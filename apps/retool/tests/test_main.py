@@ -47,9 +47,12 @@ def test_sft_stops_at_the_probe_target_or_the_time_bound(tmp_path: Path) -> None
     data = Datasets(config, "Box it.")
     base = build_base_model(config, tmp_path / "base")
     logger = StepLogger(tmp_path, console=False, tensorboard=False)
-    run_sft_stage(config, base, data, tmp_path / "sft", Console(), logger)
+    _, record = run_sft_stage(config, base, data, tmp_path / "sft", Console(), logger)
+    assert record["steps"] == 6 and record["stop"] == "all steps done"
+    assert [step for step, _ in record["probes"]] == [2, 4, 6]
     config.sft.max_seconds = 1e-3
-    run_sft_stage(config, base, data, tmp_path / "sft-timed", Console(), logger)
+    _, record = run_sft_stage(config, base, data, tmp_path / "sft-timed", Console(), logger)
+    assert record["steps"] == 1 and record["stop"].startswith("time bound")
     logger.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # The untrained model reproduces no probe chat: all 6 steps, probed at 2, 4, 6; then the

@@ -123,11 +123,12 @@ def run_sft_stage(
     out: Path,
     console: Console,
     logger: StepLogger,
-) -> tuple[Path, float]:
-    """Stage 1; returns the exported model folder and the last loss.
+) -> tuple[Path, dict[str, Any]]:
+    """Stage 1; returns the exported model folder and what SFT did: ``loss`` (the last),
+    ``steps``, ``stop`` (why it stopped) and ``probes`` (``[step, rate]`` each).
 
     Runs ``sft.num_steps`` steps, or fewer when the probe target or the time bound is met
-    (``SFTStop``); why it stopped and every probe go to ``metrics.jsonl`` (``sft/probe``).
+    (``SFTStop``); every probe also goes to ``metrics.jsonl`` (``sft/probe``).
     """
     from transformers import AutoTokenizer
 
@@ -166,9 +167,10 @@ def run_sft_stage(
             bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")
             if reason:
                 break
-    console.print(f"SFT stopped after {step} steps: {reason or 'all steps done'}")
+    reason = reason or "all steps done"
+    console.print(f"SFT stopped after {step} steps: {reason}")
     trainer.export_hf(out)
-    return out, loss
+    return out, {"loss": loss, "steps": step, "stop": reason, "probes": stop.history}
 
 
 @contextlib.contextmanager
@@ -318,17 +320,17 @@ async def run(
     with StepLogger(run_dir, console=False, trackers=trackers) as logger:
         with phases("sft"):
             policy = build_base_model(config, run_dir / "model" / "base", reuse=resume)
-            sft_loss = None
             if "sft" in progress:
-                policy, sft_loss = run_dir / "model" / "sft", progress["sft"]["loss"]
+                policy = run_dir / "model" / "sft"
                 console.print(f"SFT: reusing {policy} (from progress.json)")
             elif config.sft.enabled:
                 sft_dir = run_dir / "model" / "sft"
-                policy, sft_loss = run_sft_stage(config, policy, datasets, sft_dir, console, logger)
-                progress["sft"] = {"loss": sft_loss}
+                policy, progress["sft"] = run_sft_stage(
+                    config, policy, datasets, sft_dir, console, logger
+                )
                 save_progress(run_dir, progress)
         sft_cpu = time.process_time()
-        console.print(f"SFT done (last loss {sft_loss})")
+        console.print(f"SFT done (last loss {progress.get('sft', {}).get('loss')})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
             box = SandboxClient(
                 SandboxClientConfig(
@@ -391,6 +393,7 @@ async def run(
             config, before, after, history, seconds, time.perf_counter() - start, per_problem
         )
         summary.update(runner=config.engine.runner, engine_urls=urls, train_history=history)
+        summary["sft"] = progress.get("sft")  # steps, why it stopped, its probes
     write_summary(run_dir / "summary.json", summary)
     render_run_curves(run_dir, console)
     console.print(results_table(summary))
