@@ -26,6 +26,7 @@ from turnrl.grpo_core.observe import trackers as trackers_mod
 from turnrl.grpo_core.observe.logger import StepLogger
 from turnrl.grpo_core.observe.trackers import (
     KNOWN_TRACKERS,
+    RUN_DIR_TAG,
     MlflowTracker,
     SwanLabTracker,
     Tracker,
@@ -425,6 +426,41 @@ def test_mlflow_file_store_holds_the_three_steps(tmp_path: Path) -> None:
         "lr": "1e-06",
         "n": "8",
     }
+
+
+def test_mlflow_run_of_a_resumed_folder_continues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app resumed in its run folder logs into the MLflow run the folder started; another
+    folder logging to the same store, under the same run name, gets its own run."""
+    pytest.importorskip("mlflow", reason="needs turnrl-grpo-core[mlflow]")
+    from mlflow.tracking import MlflowClient
+
+    store = (tmp_path / "store").resolve()
+    store.mkdir()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+    run_dir, other_dir = tmp_path / "it's run", tmp_path / "other"  # a quote, as filters quote
+    (first,) = make_trackers(["mlflow"], run_dir, "p", "r", {"lr": 1})
+    assert isinstance(first, MlflowTracker) and not first.resumed
+    run_id = first.run_id
+    first.log(1, {"x": 1.0})
+    first.close()
+    (other,) = make_trackers(["mlflow"], other_dir, "p", "r", {"lr": 3})
+    other.log(1, {"x": 5.0})
+    other.close()
+    (again,) = make_trackers(["mlflow"], run_dir, "p", "r", {"lr": 2})
+    assert isinstance(again, MlflowTracker) and again.resumed and again.run_id == run_id
+    again.log(2, {"x": 2.0})
+    again.close()
+    client = MlflowClient(tracking_uri=store.as_uri())
+    runs = {r.data.tags[RUN_DIR_TAG]: r for r in client.search_runs([again.experiment_id])}
+    assert sorted(runs) == sorted([str(run_dir.resolve()), str(other_dir.resolve())])
+    run = runs[str(run_dir.resolve())]
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    history = client.get_metric_history(run_id, "x")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0)]
+    assert run.data.params == {"lr": "1"}  # the first start's
 
 
 def test_mlflow_uses_the_tracking_uri_variable(

@@ -34,12 +34,16 @@ MLflow restricts names (alphanumerics, ``_ - . / space``, ``:`` except on Window
 or empty path parts): :func:`mlflow_metric_name` maps every other character, and ``:``, to
 ``_`` for MLflow alone (``mean@30`` -> ``mean_30``).
 
+An app resumed in its run folder (``--resume``) continues that folder's MLflow run; W&B and
+SwanLab start a new run each time (offline resume of a run id is not relied on).
+
 Each library is imported when its tracker starts; a missing one is an :class:`ImportError`
 naming the extra to install (``pip install "turnrl-grpo-core[wandb]"``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import re
@@ -143,6 +147,11 @@ def _mlflow_local_defaults() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
+RUN_DIR_TAG = "turnrl.run_dir"
+"""MLflow run tag holding the run folder's absolute path (and ``.sha256``, the first 32
+hex digits of its hash, by which a resumed run finds its run)."""
+
+
 def mlflow_metric_name(name: str) -> str:
     """``name`` as MLflow accepts it: characters other than alphanumerics, ``_ - . / space``
     become ``_`` (``:`` too, which MLflow refuses on Windows), empty and ``.`` path parts are
@@ -158,6 +167,8 @@ class MlflowTracker:
     Tracking URI: ``MLFLOW_TRACKING_URI`` when set, else a file store in ``run_dir/mlruns``.
     The experiment is ``project`` (created if missing), the run is named ``run_name``, the
     config is flattened into params (``a.b.c``; values cut at MLflow's 6000 characters).
+    One run folder is one MLflow run (tag :data:`RUN_DIR_TAG`): an app resumed in the same
+    folder continues the run it started (``resumed``), whose params stay the first start's.
     """
 
     name = "mlflow"
@@ -183,8 +194,26 @@ class MlflowTracker:
         self.experiment_id = (
             experiment.experiment_id if experiment else self.client.create_experiment(project)
         )
-        self.run_id: str | None = self.client.create_run(
-            self.experiment_id, run_name=run_name
+        # One run folder is one MLflow run: a resumed app run (same folder) continues it.
+        folder = str(Path(run_dir).resolve())
+        key = hashlib.sha256(folder.encode()).hexdigest()[:32]  # no quoting in the filter
+        earlier = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{RUN_DIR_TAG}.sha256` = '{key}'",
+            max_results=1,
+            order_by=["attributes.start_time DESC"],
+        )
+        self.resumed = bool(earlier)
+        if earlier:  # its params stay those of the first start (MLflow's are immutable)
+            self.run_id: str | None = earlier[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            self._names: dict[str, str] = {}
+            self._owner: dict[str, str] = {}
+            return
+        self.run_id = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={RUN_DIR_TAG: folder, f"{RUN_DIR_TAG}.sha256": key},
         ).info.run_id
         flat: dict[str, str] = {}
         for key, value in _flatten(config):  # the first of names that map to one key wins
