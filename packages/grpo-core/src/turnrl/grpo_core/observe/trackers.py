@@ -179,7 +179,7 @@ class MlflowTracker:
 
     def __init__(self, run_dir: Path, project: str, run_name: str, config: Mapping[str, Any]):
         _import("mlflow", self.name)
-        from mlflow.entities import Metric, Param, RunStatus
+        from mlflow.entities import Metric, RunStatus
         from mlflow.tracking import MlflowClient
 
         self._metric_cls, self._finished = Metric, RunStatus.to_string(RunStatus.FINISHED)
@@ -194,12 +194,14 @@ class MlflowTracker:
         self.experiment_id = (
             experiment.experiment_id if experiment else self.client.create_experiment(project)
         )
+        self._names: dict[str, str] = {}
+        self._owner: dict[str, str] = {}
         # One run folder is one MLflow run: a resumed app run (same folder) continues it.
         folder = str(Path(run_dir).resolve())
-        key = hashlib.sha256(folder.encode()).hexdigest()[:32]  # no quoting in the filter
+        digest = hashlib.sha256(folder.encode()).hexdigest()[:32]  # no quoting in the filter
         earlier = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`{RUN_DIR_TAG}.sha256` = '{key}'",
+            filter_string=f"tags.`{RUN_DIR_TAG}.sha256` = '{digest}'",
             max_results=1,
             order_by=["attributes.start_time DESC"],
         )
@@ -207,14 +209,17 @@ class MlflowTracker:
         if earlier:  # its params stay those of the first start (MLflow's are immutable)
             self.run_id: str | None = earlier[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
-            self._names: dict[str, str] = {}
-            self._owner: dict[str, str] = {}
-            return
-        self.run_id = self.client.create_run(
-            self.experiment_id,
-            run_name=run_name,
-            tags={RUN_DIR_TAG: folder, f"{RUN_DIR_TAG}.sha256": key},
-        ).info.run_id
+        else:
+            tags = {RUN_DIR_TAG: folder, f"{RUN_DIR_TAG}.sha256": digest}
+            self.run_id = self.client.create_run(
+                self.experiment_id, run_name=run_name, tags=tags
+            ).info.run_id
+            self._log_params(config)
+
+    def _log_params(self, config: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        assert self.run_id is not None
         flat: dict[str, str] = {}
         for key, value in _flatten(config):  # the first of names that map to one key wins
             flat.setdefault(
@@ -224,8 +229,6 @@ class MlflowTracker:
         for start in range(0, len(params), self._MAX_PARAMS_PER_BATCH):
             chunk = params[start : start + self._MAX_PARAMS_PER_BATCH]
             self.client.log_batch(self.run_id, params=chunk)
-        self._names: dict[str, str] = {}
-        self._owner: dict[str, str] = {}
 
     def _key(self, name: str) -> str:
         key = self._names.get(name)
