@@ -228,9 +228,11 @@ async def test_filter_gives_up_with_a_clear_error_when_rewards_never_vary(router
         await manager.generate([0, 1], 2)
 
 
-async def test_leftovers_are_aborted_and_drained(engines, router: Router):
-    # Even prompts finish in 10 tokens, odd ones would stream 5000 (25 s): leftovers.
-    config = RolloutManagerConfig(over_sampling_batch_size=8, drain_timeout=5.0)
+def _leftover_manager(
+    router: Router, config: RolloutManagerConfig
+) -> tuple[RolloutManager, list[int]]:
+    """Even prompts finish in 10 tokens, odd ones would stream 5000 (25 s): leftovers. The
+    list holds the prompt of every group that was scored."""
     scored: list[int] = []
     score = varying_when(lambda p: True)
 
@@ -245,6 +247,12 @@ async def test_leftovers_are_aborted_and_drained(engines, router: Router):
         config,
         prompt_source=counter_source(100),
     )
+    return manager, scored
+
+
+async def test_leftovers_are_aborted_and_drained(engines, router: Router):
+    config = RolloutManagerConfig(over_sampling_batch_size=8, drain_timeout=5.0)
+    manager, scored = _leftover_manager(router, config)
     start = time.monotonic()
     samples = await manager.generate([0, 1, 2, 3], 2)
     assert time.monotonic() - start < 10.0
@@ -266,20 +274,7 @@ async def test_an_abort_the_engines_ignore_is_counted_and_bounded(engines, route
     for engine in engines:
         engine.ignore_aborts = 1000
     config = RolloutManagerConfig(over_sampling_batch_size=8, drain_timeout=1.0)
-    scored: list[int] = []
-    score = varying_when(lambda p: True)
-
-    async def reward(samples: list[Traj]) -> list[float]:
-        scored.append(samples[0].prompt_ids[0] - 1)
-        return await score(samples)
-
-    manager = RolloutManager(
-        make_episode(router, lambda p: 10 if p % 2 == 0 else 5000),
-        reward,
-        router,
-        config,
-        prompt_source=counter_source(100),
-    )
+    manager, scored = _leftover_manager(router, config)
     start = time.monotonic()
     samples = await manager.generate([0, 1, 2, 3], 2)
     assert time.monotonic() - start < 10.0
