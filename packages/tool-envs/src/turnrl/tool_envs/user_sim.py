@@ -206,46 +206,57 @@ class LiteLLMUser:
         return content
 
     async def _complete(self) -> str:
-        cfg = self.config
-        last_error: BaseException | None = None
-        for attempt in range(cfg.max_retries + 1):
-            if attempt:
-                delay = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1))
-                await asyncio.sleep(delay * (1 + 0.25 * random.random()))
-            try:
-                response = await self._litellm.acompletion(
-                    model=cfg.model,
-                    messages=list(self.messages),
-                    api_base=cfg.api_base,
-                    api_key=cfg.api_key or "not-needed",
-                    temperature=cfg.temperature,
-                    max_tokens=cfg.max_tokens,
-                    timeout=cfg.timeout_s,
-                    num_retries=0,
-                    max_retries=0,  # retries are ours, counted and backed off
-                    **cfg.extra,
-                )
-                content = response.choices[0].message.content
-                if not isinstance(content, str) or not content.strip():
-                    raise UserSimulatorError("the user model returned an empty message")
-            except Exception as exc:
-                self.usage.failed_calls += 1
-                last_error = exc
-                continue
-            self._account(response)
-            return content.strip()
-        raise UserSimulatorError(
-            f"user simulator {cfg.model!r} failed after {cfg.max_retries + 1} tries: "
-            f"{type(last_error).__name__}: {last_error}"
-        ) from last_error
+        return await complete(self._litellm, self.config, self.messages, self.usage)
 
-    def _account(self, response: Any) -> None:
-        self.usage.calls += 1
-        usage = getattr(response, "usage", None)
-        self.usage.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.usage.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+
+async def complete(
+    litellm: Any, cfg: LiteLLMUserConfig, messages: list[dict[str, str]], usage: UserUsage
+) -> str:
+    """One chat completion through ``litellm.acompletion`` with ``cfg``'s retries and backoff.
+
+    Shared by the LLM user and the tau2 judge; tokens and cost go to ``usage``. Raises
+    :class:`UserSimulatorError` when every try failed or returned an empty message.
+    """
+    last_error: BaseException | None = None
+    for attempt in range(cfg.max_retries + 1):
+        if attempt:
+            delay = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * (1 + 0.25 * random.random()))
         try:
-            cost = self._litellm.completion_cost(completion_response=response)
-        except Exception:  # models missing from the price map cost nothing here
-            cost = 0.0
-        self.usage.cost_usd += float(cost or 0.0)
+            response = await litellm.acompletion(
+                model=cfg.model,
+                messages=list(messages),
+                api_base=cfg.api_base,
+                api_key=cfg.api_key or "not-needed",
+                temperature=cfg.temperature,
+                max_tokens=cfg.max_tokens,
+                timeout=cfg.timeout_s,
+                num_retries=0,
+                max_retries=0,  # retries are ours, counted and backed off
+                **cfg.extra,
+            )
+            content = response.choices[0].message.content
+            if not isinstance(content, str) or not content.strip():
+                raise UserSimulatorError(f"{cfg.model!r} returned an empty message")
+        except Exception as exc:
+            usage.failed_calls += 1
+            last_error = exc
+            continue
+        _account(litellm, usage, response)
+        return content.strip()
+    raise UserSimulatorError(
+        f"{cfg.model!r} failed after {cfg.max_retries + 1} tries: "
+        f"{type(last_error).__name__}: {last_error}"
+    ) from last_error
+
+
+def _account(litellm: Any, usage: UserUsage, response: Any) -> None:
+    usage.calls += 1
+    counts = getattr(response, "usage", None)
+    usage.prompt_tokens += int(getattr(counts, "prompt_tokens", 0) or 0)
+    usage.completion_tokens += int(getattr(counts, "completion_tokens", 0) or 0)
+    try:
+        cost = litellm.completion_cost(completion_response=response)
+    except Exception:  # models missing from the price map cost nothing here
+        cost = 0.0
+    usage.cost_usd += float(cost or 0.0)

@@ -1,0 +1,295 @@
+"""Tau2Env's routing, endings and scoring on a small two-sided domain written here.
+
+The domain is real code of this package's kind (a ``Toolkit`` pair and a ``sync``), small
+enough to reason about: a shop counter (agent side) and a wallet (user side).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from turnrl.tool_envs.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau2.env import GREETING, Tau2Env, Tau2EnvConfig
+from turnrl.tool_envs.tau2.tasks import Tau2Task, TaskFormatError, load_tasks, render_scenario
+from turnrl.tool_envs.tau2.toolkit import Model, Toolkit, ToolKind, deep_merge, tool
+from turnrl.tool_envs.user_sim import ScriptedUser
+
+_ID = {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}
+
+
+class Shop(Toolkit):
+    def __init__(self, db: dict[str, Any]) -> None:
+        self.db = db
+
+    def state(self) -> Any:
+        return self.db
+
+    def update_db(self, data: dict[str, Any]) -> None:
+        deep_merge(self.db, data)
+
+    @tool(ToolKind.READ, "Look up an item.", _ID)
+    def get_item(self, item: str) -> Model:
+        if item not in self.db["items"]:
+            raise ValueError(f"Item {item} not found")
+        return Model(self.db["items"][item])
+
+    @tool(ToolKind.WRITE, "Sell an item.", _ID)
+    def sell(self, item: str) -> str:
+        self.get_item(item)
+        self.db["items"][item]["sold"] = True
+        return "sold"
+
+    def assert_sold(self, item: str) -> bool:
+        return bool(self.db["items"][item]["sold"])
+
+
+class Wallet(Toolkit):
+    side = "user"
+
+    def __init__(self, db: dict[str, Any]) -> None:
+        self.db = db
+
+    def state(self) -> Any:
+        return self.db
+
+    def update_db(self, data: dict[str, Any]) -> None:
+        deep_merge(self.db, data)
+
+    @tool(ToolKind.WRITE, "Pay what is owed.")
+    def pay(self) -> str:
+        self.db["paid"] = True
+        return "paid"
+
+    @tool(ToolKind.READ, "Check the balance.")
+    def balance(self) -> int:
+        return 10
+
+
+def _shop_domain() -> Tau2Domain:
+    def sync(shop: Toolkit, wallet: Toolkit | None) -> None:
+        assert isinstance(shop, Shop) and isinstance(wallet, Wallet)
+        wallet.db["owes"] = (
+            any(i["sold"] for i in shop.db["items"].values()) and not wallet.db["paid"]
+        )
+
+    return Tau2Domain(
+        name="shop",
+        policy="Sell things.",
+        new_tools=lambda: Shop({"items": {"a": {"price": 3, "sold": False}}}),
+        new_user_tools=lambda: Wallet({"paid": False, "owes": False}),
+        sync=sync,
+    )
+
+
+def _task(**criteria: Any) -> Tau2Task:
+    record = {
+        "id": "t1",
+        "user_scenario": {"persona": "Calm.", "instructions": "Buy item a."},
+        "evaluation_criteria": {
+            "actions": [
+                {"name": "sell", "arguments": {"item": "a"}},
+                {"name": "pay", "requestor": "user"},
+            ],
+            "reward_basis": ["DB"],
+            **criteria,
+        },
+    }
+    return Tau2Task.from_dict(record)
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [_tc(name, arguments)]}
+
+
+def _tc(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"c-{name}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+class WalletUser(ScriptedUser):
+    """A scripted user that pays with its wallet tool when the agent asks it to."""
+
+    def __init__(self, replies: list[Any]) -> None:
+        super().__init__(["x"])
+        self.replies, self.results, self.schemas = list(replies), [], []
+
+    def use_tools(self, schemas: list[dict[str, Any]]) -> None:
+        self.schemas = schemas
+
+    async def reset(self, instruction: str) -> Any:
+        self.instruction = instruction
+        return self.replies.pop(0)
+
+    async def respond(self, agent_message: str) -> Any:
+        return self.replies.pop(0)
+
+    async def tool_results(self, messages: list[dict[str, Any]]) -> Any:
+        self.results.append(messages)
+        return self.replies.pop(0)
+
+
+async def test_a_dual_control_episode_routes_calls_to_each_side_and_scores_the_db() -> None:
+    pay = {"role": "assistant", "content": None, "tool_calls": [_tc("pay", {})]}
+    user = WalletUser(["I want item a.", pay, "Paid. ###STOP###"])
+    env = Tau2Env(_shop_domain(), user)
+    opening = await env.reset(_task())
+    assert [m["role"] for m in opening] == ["system", "assistant", "user"]
+    assert opening[1]["content"] == GREETING and "Sell things." in opening[0]["content"]
+    assert user.instruction == "Persona:\n\tCalm.\nInstructions:\n\tBuy item a."
+    assert [s["function"]["name"] for s in user.schemas] == ["balance", "pay"]
+    sold = await env.step(_call("sell", item="a"))
+    assert sold.observations[0]["content"] == "sold" and not sold.done
+    assert env.phone is not None and env.phone.state()["owes"] is True  # synced after the call
+    said = await env.step({"role": "assistant", "content": "Please pay with your wallet."})
+    assert said.done and said.info["done_reason"] == "user_stop"
+    assert said.observations == [
+        {"role": "user", "content": "Paid. ###STOP###"}
+    ]  # no user tools shown
+    assert user.results[0][0]["content"] == "paid"
+    reward = env.reward()
+    assert reward.reward == 1.0 and reward.breakdown["db_match"] is True
+
+
+async def test_an_agent_that_skips_the_sale_fails_the_db_check() -> None:
+    env = Tau2Env(_shop_domain(), WalletUser(["I want a.", "Bye ###STOP###"]))
+    await env.reset(_task())
+    await env.step({"role": "assistant", "content": "No."})
+    assert env.reward().reward == 0.0
+
+
+async def test_bad_calls_are_model_visible_errors_and_the_episode_goes_on() -> None:
+    env = Tau2Env(_shop_domain(), WalletUser(["hi", "ok ###STOP###"]))
+    await env.reset(_task())
+    cases = [
+        (_call("refund", item="a"), "Error: Tool 'refund' not found."),
+        (_call("pay"), "Error: Tool 'pay' not found."),  # a user tool, called by the agent
+        (_call("get_item", item="zz"), "Error: Item zz not found"),
+        (_call("get_item"), "Error: "),
+    ]
+    for turn, text in cases:
+        result = await env.step(turn)
+        assert result.observations[0]["content"].startswith(text) and not result.done
+    ok = await env.step(_call("get_item", item="a"))
+    assert json.loads(ok.observations[0]["content"]) == {"price": 3, "sold": False}
+    broken = await env.step({"role": "assistant", "content": "", "tool_call_errors": ["bad JSON"]})
+    assert broken.observations == [{"role": "tool", "content": "Error: bad JSON"}]
+    assert env.errors == 5
+
+
+async def test_endings_other_than_a_stop_score_zero() -> None:
+    env = Tau2Env(_shop_domain(), WalletUser(["hi"]), Tau2EnvConfig(max_errors=2))
+    await env.reset(_task())
+    await env.step(_call("sell", item="a"))
+    await env.step(_call("nope"))
+    last = await env.step(_call("nope"))
+    assert last.done and last.info["done_reason"] == "too_many_errors"
+    assert env.reward().reward == 0.0 and "too_many_errors" in env.reward().breakdown["note"]
+    env = Tau2Env(_shop_domain(), WalletUser(["hi", "more?", "more?"]), Tau2EnvConfig(max_steps=5))
+    await env.reset(_task())
+    await env.step({"role": "assistant", "content": "Hello."})
+    last = await env.step({"role": "assistant", "content": "Hello."})
+    assert last.info["done_reason"] == "max_steps"
+
+
+async def test_a_user_simulator_failure_ends_the_episode_unscored() -> None:
+    env = Tau2Env(_shop_domain(), WalletUser(["hi"]))  # no second reply: respond raises
+    await env.reset(_task())
+    result = await env.step({"role": "assistant", "content": "Hello."})
+    assert (
+        result.done
+        and result.info["done_reason"] == "user_error"
+        and "IndexError" in result.info["user_error"]
+    )
+    assert env.reward().reward == 0.0
+
+
+async def test_initial_state_and_env_assertions() -> None:
+    record = {
+        "id": "t2",
+        "user_scenario": {
+            "instructions": {
+                "domain": "shop",
+                "reason_for_call": "buy",
+                "task_instructions": "be brief",
+            }
+        },
+        "initial_state": {
+            "initialization_data": {"agent_data": {"items": {"b": {"price": 1, "sold": False}}}},
+            "initialization_actions": [
+                {"env_type": "assistant", "func_name": "sell", "arguments": {"item": "b"}}
+            ],
+        },
+        "evaluation_criteria": {
+            "actions": None,
+            "env_assertions": [
+                {"env_type": "assistant", "func_name": "assert_sold", "arguments": {"item": "b"}},
+                {
+                    "env_type": "assistant",
+                    "func_name": "assert_sold",
+                    "arguments": {"item": "a"},
+                    "assert_value": False,
+                },
+            ],
+            "reward_basis": ["ENV_ASSERTION"],
+        },
+    }
+    task = Tau2Task.from_dict(record)
+    assert task.scenario.startswith("Instructions:\n\tDomain: shop\n\tReason for call:\n\t\tbuy")
+    env = Tau2Env(_shop_domain(), WalletUser(["hi", "bye ###STOP###"]))
+    await env.reset(task)
+    assert env.phone is not None and env.phone.state()["owes"] is True  # init action, then sync
+    await env.step({"role": "assistant", "content": "Done."})
+    assert env.assertions() == (True, True) and env.reward().reward == 1.0
+
+
+def test_broken_task_records_and_files_are_refused(tmp_path: Any) -> None:
+    with pytest.raises(TaskFormatError, match="'t9'.*user_scenario"):
+        Tau2Task.from_dict({"id": "t9"})
+    with pytest.raises(TaskFormatError, match="env_type"):
+        Tau2Task.from_dict(
+            {
+                "id": "t9",
+                "user_scenario": {"instructions": "x"},
+                "initial_state": {
+                    "initialization_actions": [{"env_type": "admin", "func_name": "f"}]
+                },
+            }
+        )
+    with pytest.raises(TaskFormatError, match="unknown reward_basis"):
+        Tau2Task.from_dict(
+            {
+                "id": "t9",
+                "user_scenario": {"instructions": "x"},
+                "evaluation_criteria": {"reward_basis": ["X"]},
+            }
+        )
+    with pytest.raises(TaskFormatError, match="missing"):
+        load_tasks(tmp_path)
+    (tmp_path / "tasks.json").write_text("[{", encoding="utf-8")
+    with pytest.raises(TaskFormatError, match="not valid JSON"):
+        load_tasks(tmp_path)
+    (tmp_path / "tasks.json").write_text('[{"id": "1", "user_scenario": {"instructions": "x"}}]')
+    (tmp_path / "split_tasks.json").write_text('{"train": ["1", "2"]}')
+    with pytest.raises(TaskFormatError, match="not in tasks.json"):
+        load_tasks(tmp_path, "train")
+    with pytest.raises(TaskFormatError, match="no split 'test'"):
+        load_tasks(tmp_path, "test")
+
+
+def test_every_task_of_the_data_loads(tau2_data: Any) -> None:
+    counts = {d: len(load_tasks(tau2_data / d)) for d in ("airline", "retail", "telecom")}
+    assert counts == {"airline": 50, "retail": 114, "telecom": 2285}
+    assert {
+        d: len(load_tasks(tau2_data / d, "base")) for d in ("airline", "retail", "telecom")
+    } == {
+        "airline": 50,
+        "retail": 114,
+        "telecom": 114,
+    }
+    assert render_scenario({"instructions": "x"}) == "Instructions:\n\tx"
