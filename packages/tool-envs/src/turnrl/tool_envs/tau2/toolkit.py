@@ -32,7 +32,7 @@ TRANSFER_TOOL = "transfer_to_human_agents"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class ToolKind(str, enum.Enum):
+class ToolKind(enum.StrEnum):
     """tau2's tool types; only ``write`` tools are replayed when a trajectory is scored."""
 
     READ = "read"
