@@ -325,3 +325,76 @@ def test_the_user_prompt_is_the_guidelines_and_the_scenario(tau2_data: Any) -> N
     assert text.startswith("# User Simulation Guidelines")
     assert text.endswith("<scenario>\nInstructions:\n\tBuy a.\n</scenario>")
     assert "tool" in user_prompt(tau2_data, with_tools=True).lower()
+
+
+class GoldUser(WalletUser):
+    """Plays a task's gold user actions: each agent message asking for one is answered by
+    that tool call, then by "done"; the last agent message is answered with ###STOP###."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.pending: list[dict[str, Any]] = []
+
+    async def reset(self, instruction: str) -> Any:
+        return "Hello, I need help."
+
+    async def respond(self, agent_message: str) -> Any:
+        if self.pending:
+            return {"role": "assistant", "content": None, "tool_calls": [self.pending.pop(0)]}
+        return "Thanks. ###STOP###" if agent_message.startswith("Summary") else "OK."
+
+    async def tool_results(self, messages: list[dict[str, Any]]) -> Any:
+        self.results.append(messages)
+        return "Done."
+
+
+async def _replay_gold(env: Tau2Env, task: Tau2Task, user: GoldUser) -> None:
+    await env.reset(task)
+    for action, side in zip(task.gold_actions, task.gold_requestors, strict=True):
+        call = _tc(action.name, dict(action.arguments))
+        if side == "user":
+            user.pending.append(call)
+            await env.step({"role": "assistant", "content": f"Please run {action.name}."})
+        else:
+            await env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    summary = "Summary: " + " ".join(task.communicate_info)
+    result = await env.step({"role": "assistant", "content": summary})
+    assert result.done and result.info["done_reason"] == "user_stop", task.id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["airline", "retail", "telecom"])
+async def test_playing_the_gold_actions_through_an_episode_scores_one(
+    tau2_data: Any, name: str
+) -> None:
+    """Every task of the ``base`` split, its gold actions played by the agent (and, in
+    telecom, by the user through its own tools): tau2's reward is 1 (NL verdicts given as
+    met), except for the tasks whose gold actions themselves fail the task's assertions."""
+    from turnrl.tool_envs.tau2.domain import load_domain
+
+    domain = load_domain(name, tau2_data / name)
+    tasks = load_tasks(tau2_data / name, "base")
+    failing, idle_passes = [], 0
+    for task in tasks:
+        user = GoldUser()
+        env = Tau2Env(domain, user)
+        await _replay_gold(env, task, user)
+        verdicts = (True,) * len(task.nl_assertions)
+        reward = env.reward(verdicts)
+        if reward.reward != 1.0:
+            failing.append(
+                (task.id, {k: v for k, v in reward.breakdown.items() if k.startswith("r_")})
+            )
+        # Doing nothing passes only a task whose gold actions change nothing.
+        idle = Tau2Env(domain, GoldUser())
+        await idle.reset(task)
+        await idle.step({"role": "assistant", "content": "Summary: nothing"})
+        if idle.reward(verdicts).reward == 1.0:
+            idle_passes += 1
+            agent, phone = domain.start(task)
+            start = (agent.db_hash(), None if phone is None else phone.db_hash())
+            says = "COMMUNICATE" in task.reward_basis and task.communicate_info
+            assert idle.gold_hashes() == start and not says, task.id
+    assert len(tasks) == {"airline": 50, "retail": 114, "telecom": 114}[name]
+    assert failing == [], failing
+    assert idle_passes < len(tasks) / 2

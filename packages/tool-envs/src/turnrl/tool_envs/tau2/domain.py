@@ -11,7 +11,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from turnrl.tool_envs.tau2.tasks import EnvCall, Tau2Task
 from turnrl.tool_envs.tau2.toolkit import Toolkit
 
 DOMAINS = ("airline", "retail", "telecom")
@@ -46,6 +48,28 @@ class Tau2Domain:
     gold_cache: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     """Task id -> the (agent, user) database hashes its gold actions produce."""
 
+    def start(self, task: Tau2Task) -> tuple[Toolkit, Toolkit | None]:
+        """Fresh agent and user toolkits in ``task``'s initial state: its data merged in, then
+        its initialisation functions run, ``sync`` after each and once at the end."""
+        agent = self.new_tools()
+        phone = self.new_user_tools() if self.new_user_tools else None
+        if task.agent_data:
+            agent.update_db(task.agent_data)
+        if task.user_data:
+            if phone is None:
+                raise ValueError(f"task {task.id!r} sets user data; {self.name} has no user side")
+            phone.update_db(task.user_data)
+        for call in task.init_calls:
+            side(agent, phone, call).run_function(call.name, call.arguments)
+            self.sync(agent, phone)
+        self.sync(agent, phone)
+        return agent, phone
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The agent's tool schemas."""
+        return self.new_tools().schemas()
+
     @property
     def system_prompt(self) -> str:
         """The agent's system prompt: tau2's fixed instruction, then the policy."""
@@ -59,3 +83,12 @@ def load_domain(name: str, data_dir: str | Path) -> Tau2Domain:
     module = importlib.import_module(f"turnrl.tool_envs.tau2.{name}")
     domain: Tau2Domain = module.load(Path(data_dir))
     return domain
+
+
+def side(agent: Toolkit, phone: Toolkit | None, call: EnvCall) -> Toolkit:
+    """The toolkit an initialisation function or assertion runs on."""
+    if call.side == "assistant":
+        return agent
+    if phone is None:
+        raise ValueError(f"{call.name} runs on the user side, which this domain does not have")
+    return phone

@@ -29,9 +29,9 @@ from typing import Any
 from turnrl.rewards.result import Reward
 from turnrl.rewards.tau2 import Tau2RewardInput, tau2_reward
 from turnrl.tool_envs.protocol import Message, StepResult, UserSimulator
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.tasks import EnvCall, Tau2Task
-from turnrl.tool_envs.tau2.toolkit import Toolkit, state_hash
+from turnrl.tool_envs.tau2.domain import Tau2Domain, side
+from turnrl.tool_envs.tau2.tasks import Tau2Task
+from turnrl.tool_envs.tau2.toolkit import state_hash
 from turnrl.tool_envs.tool_calls import ToolCall, from_openai_tool_calls
 
 GREETING = "Hi! How can I help you today?"
@@ -68,7 +68,7 @@ class Tau2Env:
         if not isinstance(task, Tau2Task):
             raise TypeError(f"reset() takes a Tau2Task, got {type(task).__name__}")
         self.task = task
-        self.agent, self.phone = self._initial_state(task)
+        self.agent, self.phone = self.domain.start(task)
         self.tool_calls: list[tuple[str, dict[str, Any]]] = []
         self.agent_messages: list[str] = []
         self.conversation: list[Message] = [{"role": "assistant", "content": GREETING}]
@@ -85,23 +85,6 @@ class Tau2Env:
         ]
         reply = await self._user_turn(first, [])
         return opening + reply
-
-    def _initial_state(self, task: Tau2Task) -> tuple[Toolkit, Toolkit | None]:
-        agent = self.domain.new_tools()
-        phone = self.domain.new_user_tools() if self.domain.new_user_tools else None
-        if task.agent_data:
-            agent.update_db(task.agent_data)
-        if task.user_data:
-            if phone is None:
-                raise ValueError(
-                    f"task {task.id!r} sets user data, but {self.domain.name} has no user side"
-                )
-            phone.update_db(task.user_data)
-        for call in task.init_calls:
-            _side(agent, phone, call).run_function(call.name, call.arguments)
-            self.domain.sync(agent, phone)
-        self.domain.sync(agent, phone)
-        return agent, phone
 
     def _user_schemas(self) -> list[dict[str, Any]]:
         if self.phone is None:
@@ -207,7 +190,7 @@ class Tau2Env:
         task = self._require_task()
         cached = self.domain.gold_cache.get(task.id)
         if cached is None:
-            agent, phone = self._initial_state(task)
+            agent, phone = self.domain.start(task)
             for action, side in zip(task.gold_actions, task.gold_requestors, strict=True):
                 kit = phone if side == "user" else agent
                 try:
@@ -225,7 +208,7 @@ class Tau2Env:
         task = self._require_task()
         results = []
         for check in task.env_assertions or ():
-            value = _side(self.agent, self.phone, check).run_function(check.name, check.arguments)
+            value = side(self.agent, self.phone, check).run_function(check.name, check.arguments)
             self.domain.sync(self.agent, self.phone)
             if not isinstance(value, bool):
                 raise TypeError(f"assertion {check.name} returned {type(value).__name__}, not bool")
@@ -262,11 +245,3 @@ class Tau2Env:
         if self.task is None:
             raise RuntimeError("no task: call reset() first")
         return self.task
-
-
-def _side(agent: Toolkit, phone: Toolkit | None, call: EnvCall) -> Toolkit:
-    if call.side == "assistant":
-        return agent
-    if phone is None:
-        raise ValueError(f"{call.name} runs on the user side, which this domain does not have")
-    return phone
