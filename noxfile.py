@@ -319,12 +319,25 @@ TAU2_REFERENCE_DEPS = [  # what its environments, tools and evaluators import
 
 @nox.session(name="tau2-parity", python="3.11", tags=["tests"])
 def tau2_parity(session: nox.Session) -> None:
-    """tool-envs' tau2 environments against tau2-bench's own code (installed without its
-    training-free extras) on every task of ``../shared/tau2-bench`` (skips without it)."""
+    """tool-envs' tau2 environments against tau2-bench's own code (its wheel, without the
+    dependencies its CLI and plots need) on ``../shared/tau2-bench`` (skips without it).
+    Arguments replace the default ``-m "not slow"``: ``-- -q`` also runs the slow tests
+    (telecom's 2,285-task set)."""
     _sync(session, "tool-envs")
     session.install("--no-deps", *TAU2_REFERENCE)
     session.install(*TAU2_REFERENCE_DEPS)
-    session.run("pytest", "packages/tool-envs/tests", "-k", "tau2", "--timeout=600", *session.posargs)
+    tests = ["packages/tool-envs/tests", "-k", "tau2", "--timeout=600"]
+    session.run("pytest", *tests, *(session.posargs or ["-m", "not slow"]))
+
+
+@nox.session(name="tau2-speed", python="3.11", tags=["bench"])
+def tau2_speed(session: nox.Session) -> None:
+    """Opt-in: tau2 reset / step / reward time against tau2-bench's own code in the same run
+    (benchmarks/tau2_env.py, docs/benchmarks/tau2_env.md)."""
+    _sync(session, "tool-envs")
+    session.install("--no-deps", *TAU2_REFERENCE)
+    session.install(*TAU2_REFERENCE_DEPS)
+    session.run("python", "benchmarks/tau2_env.py", *(session.posargs or ["--tasks", "20"]))
 
 
 @nox.session(python="3.11", tags=["megatron"])

@@ -1,7 +1,7 @@
 """A token engine that replays gold conversations (test double at the vLLM boundary).
 
 It meets ``turnrl.tool_envs.protocol.TokenEngine``: given the prompt ids it finds the task
-(by the user's opening message) and how many assistant turns were already generated, and
+(by the user's first message) and how many assistant turns were already generated, and
 returns the next gold assistant turn as token ids, rendered the way the chat template
 renders assistant turns. Unit tests use it where a real vLLM engine would stand, so the
 app's episode, user and reward path can be checked without starting an engine.
@@ -32,7 +32,9 @@ class ReplayEngine:
     def __init__(self, chat: ChatTokenizer, conversations: list[list[dict[str, Any]]]) -> None:
         self.chat = chat
         self.turns = {
-            conv[1]["content"]: [m for m in conv if m["role"] == "assistant"]
+            next(m["content"] for m in conv if m["role"] == "user"): [
+                m for m in conv if m["role"] == "assistant"
+            ]
             for conv in conversations
         }
         self.calls = 0

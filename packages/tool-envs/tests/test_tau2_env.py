@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import ScriptedEngine
 from test_user_sim import FlakyServer, needs_litellm
 
 from turnrl.tool_envs.tau2.domain import Tau2Domain
@@ -198,16 +199,18 @@ async def test_endings_other_than_a_stop_score_zero() -> None:
     assert last.info["done_reason"] == "max_steps"
 
 
-async def test_a_user_simulator_failure_ends_the_episode_unscored() -> None:
-    env = Tau2Env(_shop_domain(), WalletUser(["hi"]))  # no second reply: respond raises
-    await env.reset(_task())
-    result = await env.step({"role": "assistant", "content": "Hello."})
-    assert (
-        result.done
-        and result.info["done_reason"] == "user_error"
-        and "IndexError" in result.info["user_error"]
-    )
-    assert env.reward().reward == 0.0
+async def test_a_user_simulator_failure_fails_the_episode_unscored(qwen3: Any) -> None:
+    from turnrl.tool_envs.rollout import RolloutConfig, run_episode
+    from turnrl.tool_envs.user_sim import UserSimulatorError
+
+    class DownUser(WalletUser):
+        async def respond(self, agent_message: str) -> Any:
+            raise UserSimulatorError("user model unreachable after 3 tries")
+
+    env = Tau2Env(_shop_domain(), DownUser(["hi"]))
+    engine = ScriptedEngine(qwen3, ["Hello."])
+    traj = await run_episode(engine, env, qwen3, _task(), RolloutConfig())
+    assert traj.status == "failed" and "UserSimulatorError" in traj.metadata["error"]
 
 
 async def test_initial_state_and_env_assertions() -> None:

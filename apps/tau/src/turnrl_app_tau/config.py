@@ -194,8 +194,17 @@ class RolloutSettings:
 class TauSettings:
     """The task data, the user simulator, SFT warm-up and evaluation."""
 
+    benchmark: str = "tau"
+    """tau (tau-bench from --tau-bench-dir, or the synthetic domain) or tau2 (tau2-bench from
+    --tau2-dir: its train split trained, its test split held out)."""
     domain: str = "retail"
-    """retail or airline (real data), or synthetic (generated mini-retail)."""
+    """retail or airline (real data), or synthetic (generated mini-retail); tau2: airline or
+    retail (telecom is refused: its user needs tools)."""
+    tau2_dir: str | None = None
+    """tau2-bench data folder (airline/, retail/, telecom/, user_simulator/) [--tau2-dir]."""
+    judge_model: str | None = None
+    """tau2: litellm model judging NL assertions ('local': the engines); None leaves out the
+    tasks whose reward they gate (the data step says how many)."""
     tau_bench_dir: str | None = None
     """tau-bench data folder with <domain>/ subfolders [--tau-bench-dir]; None: synthetic."""
     prompt_data: str | None = None
@@ -269,6 +278,8 @@ class TauSettings:
     """Sampling temperature during evaluation (0: greedy)."""
 
     def __post_init__(self) -> None:
+        if self.benchmark not in ("tau", "tau2"):
+            raise ValueError(f"benchmark must be tau or tau2, got {self.benchmark!r}")
         if self.sft_lr_decay not in ("constant", "cosine"):
             raise ValueError(f"sft_lr_decay must be constant or cosine, got {self.sft_lr_decay!r}")
         if self.sft_prefix_steps < 0 or self.sft_prefix_turns < 1 or self.sft_prefix_batch_size < 1:

@@ -24,6 +24,10 @@ from typing import Any
 
 from turnrl.tool_envs.tau import Task, TauDomain, load_tasks
 from turnrl.tool_envs.tau import synth as tau_synth
+from turnrl.tool_envs.tau2 import tasks as tau2_tasks
+from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
+from turnrl.tool_envs.tau2.env import GREETING
+from turnrl.tool_envs.tau2.toolkit import ToolKind
 from turnrl.tool_envs.user_sim import STOP_TOKEN
 from turnrl_app_tau.config import TauSettings
 
@@ -60,14 +64,27 @@ SHORT_SYSTEM_PROMPT = "You are a retail customer service agent. Help the user wi
 class TaskData:
     """The domain and the tasks of a run."""
 
-    domain: TauDomain
+    domain: TauDomain | Tau2Domain
     """Data, tools and policy."""
-    train: list[Task]
-    """Tasks GRPO trains on (and SFT warms up on)."""
-    heldout: list[Task]
+    train: list[Any]
+    """Tasks GRPO trains on (and SFT warms up on): tau-bench ``Task``s or ``Tau2Task``s."""
+    heldout: list[Any]
     """Tasks only evaluated."""
     source: str
     """Where the data came from (for the summary)."""
+
+    @property
+    def system_prompt(self) -> str:
+        """The agent's system prompt (what the environment puts first)."""
+        if isinstance(self.domain, Tau2Domain):
+            return self.domain.system_prompt
+        return self.domain.wiki
+
+    def conversation(self, task: Any) -> list[dict[str, Any]]:
+        """``task`` solved by its gold actions, as the scripted user would answer it."""
+        if isinstance(self.domain, Tau2Domain):
+            return tau2_gold_conversation(self.domain, task)
+        return gold_conversation(self.domain, task, self.domain.wiki)
 
 
 def tau_bench_dir(settings: TauSettings) -> Path | None:
@@ -91,12 +108,16 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
         FileNotFoundError: the data or task file does not exist.
     """
     data = _load(settings)
-    if not settings.policy_in_prompt:
+    if not settings.policy_in_prompt and isinstance(data.domain, Tau2Domain):
+        data.domain.policy = f"You are a {data.domain.name} customer service agent."
+    elif not settings.policy_in_prompt:
         data.domain.wiki = SHORT_SYSTEM_PROMPT
     return data
 
 
 def _load(settings: TauSettings) -> TaskData:
+    if settings.benchmark == "tau2":
+        return load_tau2(settings)
     if settings.domain == "synthetic":
         return synthetic_tasks(settings)
     if settings.domain not in ("retail", "airline"):
@@ -118,6 +139,49 @@ def _load(settings: TauSettings) -> TaskData:
         raise ValueError(f"no tasks in {task_file}[{settings.task_start}:{settings.task_end}]")
     train, heldout = _split(tasks, settings.num_heldout)
     return TaskData(domain, train, heldout, f"tau-bench {settings.domain} ({task_file.name})")
+
+
+def load_tau2(settings: TauSettings) -> TaskData:
+    """tau2-bench: ``--split`` (train) trained, the test split (its first ``num_heldout``, or
+    all with 0) held out; tasks gated by NL assertions need ``--judge-model``."""
+    if settings.tau2_dir is None:
+        raise ValueError("--benchmark tau2 needs --tau2-dir (the tau2-bench data folder)")
+    if settings.domain == "telecom":
+        raise ValueError(
+            "--benchmark tau2 --domain telecom: its user acts on the phone through tools, and "
+            "this app's users (scripted, or --user-model through litellm) cannot call tools yet; "
+            "airline and retail run"
+        )
+    if settings.domain not in ("airline", "retail"):
+        raise ValueError(
+            f"--benchmark tau2: domain must be airline or retail, got {settings.domain!r}"
+        )
+    if settings.split == "test":
+        raise ValueError(
+            "--benchmark tau2 --split test: the test split is held out; train on train"
+        )
+    folder = Path(settings.tau2_dir) / settings.domain
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} not found (expected <tau2-dir>/{settings.domain})")
+    domain = load_domain(settings.domain, folder)
+    train = tau2_tasks.load_tasks(folder, settings.split)[settings.task_start : settings.task_end]
+    heldout = tau2_tasks.load_tasks(folder, "test")[: settings.num_heldout or None]
+    note = ""
+    if settings.judge_model is None:
+        judged = [t for t in train + heldout if needs_judge(t)]
+        train = [t for t in train if not needs_judge(t)]
+        heldout = [t for t in heldout if not needs_judge(t)]
+        if judged:
+            note = f"; {len(judged)} tasks gated by NL assertions left out (no --judge-model)"
+    if not train:
+        raise ValueError(f"no tau2 {settings.domain} tasks to train on{note}")
+    label = f"tau2-bench {settings.domain} (split {settings.split}; held out: test{note})"
+    return TaskData(domain, train, heldout, label)
+
+
+def needs_judge(task: tau2_tasks.Tau2Task) -> bool:
+    """True when an LLM judge's verdict on NL assertions gates the task's reward."""
+    return "NL_ASSERTION" in task.reward_basis and bool(task.nl_assertions)
 
 
 def synthetic_tasks(settings: TauSettings) -> TaskData:
@@ -228,10 +292,10 @@ def confirm_message(name: str, kwargs: dict[str, Any]) -> str:
     return f"I will {name.replace('_', ' ')} for {target}. Please confirm with yes."
 
 
-def closing_message(task: Task) -> str:
+def closing_message(outputs: Any) -> str:
     """The agent's last message: the required outputs, or a short done."""
-    if task.outputs:
-        return "Here is what I found: " + ", ".join(task.outputs) + "."
+    if outputs:
+        return "Here is what I found: " + ", ".join(outputs) + "."
     return "Done. Is there anything else?"
 
 
@@ -270,7 +334,42 @@ def gold_conversation(domain: TauDomain, task: Task, system: str) -> list[dict[s
                 "content": result,
             }
         )
-    messages.append({"role": "assistant", "content": closing_message(task)})
+    messages.append({"role": "assistant", "content": closing_message(task.outputs)})
+    return messages
+
+
+def tau2_gold_conversation(domain: Tau2Domain, task: tau2_tasks.Tau2Task) -> list[dict[str, Any]]:
+    """A tau2 task solved by its gold (agent) actions, answered as :class:`TaskUser` would:
+    tau2's opening, the scenario in the first person, a confirmation before the first write,
+    real tool results, and a closing message with the information to communicate."""
+    agent, phone = domain.start(task)
+    kinds = agent.tool_kinds()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": domain.system_prompt},
+        {"role": "assistant", "content": GREETING},
+        {"role": "user", "content": f"Hi. {first_person(task.scenario)}"},
+    ]
+    confirmed = False
+    for index, action in enumerate(task.gold_actions):
+        kwargs = dict(action.arguments)
+        if kinds.get(action.name) == ToolKind.WRITE and not confirmed:
+            confirmed = True
+            messages.append({"role": "assistant", "content": confirm_message(action.name, kwargs)})
+            messages.append({"role": "user", "content": "yes"})
+        result, _ = agent.call(action.name, kwargs)
+        domain.sync(agent, phone)
+        messages.append(
+            {"role": "assistant", "content": "", "tool_calls": [_call(index, action.name, kwargs)]}
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{index}",
+                "name": action.name,
+                "content": result,
+            }
+        )
+    messages.append({"role": "assistant", "content": closing_message(task.communicate_info)})
     return messages
 
 

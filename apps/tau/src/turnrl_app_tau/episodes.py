@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, pass_hat_k
 from turnrl.rewards.tau import TauRewardInput, TauShapingConfig, normalize_by_group_max, tau_reward
+from turnrl.rewards.tau2 import Tau2RewardInput, tau2_reward
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import TokenEngine, UserSimulator
 from turnrl.tool_envs.rollout import RolloutConfig, run_episode
 from turnrl.tool_envs.tau import Task, TauDomain, TauEnv
+from turnrl.tool_envs.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau2.env import Tau2Env
 from turnrl.tool_envs.trajectory import Trajectory
+
+Judge = Callable[[list[dict[str, Any]], tuple[str, ...]], Awaitable[tuple[bool, ...]]]
+"""tau2's NL-assertion judge: (conversation, assertions) -> verdicts."""
 
 SHAPING = TauShapingConfig(per_successful_call=0.1, per_well_formed_call=0.05, cap=1.5)
 
@@ -36,22 +42,28 @@ class TauEpisodes:
     """Token-in/token-out engine or router."""
     chat: ChatTokenizer
     """The policy's tokenizer and chat template."""
-    domain: TauDomain
-    """Shared domain (data, tools, policy)."""
+    domain: TauDomain | Tau2Domain
+    """Shared domain (data, tools, policy): tau-bench's or tau2-bench's."""
     tools: list[dict[str, Any]]
     """Tool schemas shown to the model."""
     config: RolloutConfig
     """Sampling, limits, in-flight cap."""
     user_factory: Callable[[], UserSimulator]
     """A fresh user simulator per episode."""
+    judge: Judge | None = None
+    """tau2: judges NL assertions where they gate a task's reward (none: such tasks are not run)."""
     last_error: str | None = None
     """The error of a failed evaluation episode, for the console."""
 
     async def episode(
-        self, task: Task, group_id: str, index: int, config: RolloutConfig | None = None
+        self, task: Any, group_id: str, index: int, config: RolloutConfig | None = None
     ) -> Trajectory:
         """One episode of ``task``, its reward inputs in ``metadata["tau"]``."""
-        env = TauEnv(self.domain, self.user_factory())
+        env: TauEnv | Tau2Env
+        if isinstance(self.domain, Tau2Domain):
+            env = Tau2Env(self.domain, self.user_factory())
+        else:
+            env = TauEnv(self.domain, self.user_factory())
         env.tools = self.tools
         traj = await run_episode(
             self.engine,
@@ -62,8 +74,32 @@ class TauEpisodes:
             group_id=group_id,
             sample_index=index,
         )
-        traj.metadata["tau"] = episode_reward_inputs(env)
+        if isinstance(env, Tau2Env):
+            traj.metadata["tau"] = await self._tau2_inputs(env, traj)
+        elif env.user_error is not None:  # the user simulator failed: unscored, not trained on
+            traj.status = "failed"
+            traj.metadata["error"] = env.user_error
+        else:
+            traj.metadata["tau"] = episode_reward_inputs(env)
         return traj
+
+    async def _tau2_inputs(self, env: Tau2Env, traj: Trajectory) -> Tau2RewardInput | None:
+        """The tau2 reward's input; the judge's verdicts when NL assertions gate the task. A
+        judge that fails marks the episode failed (an infrastructure fault, never scored)."""
+        task = env.task
+        if task is None or traj.status == "failed":
+            return None
+        verdicts = None
+        if "NL_ASSERTION" in task.reward_basis and task.nl_assertions and env.ending == "user_stop":
+            if self.judge is None:
+                raise ValueError(f"tau2 task {task.id!r} needs an NL-assertion judge")
+            try:
+                verdicts = await self.judge(env.conversation, task.nl_assertions)
+            except Exception as exc:
+                traj.status = "failed"
+                traj.metadata["error"] = f"NL judge: {type(exc).__name__}: {exc}"
+                return None
+        return env.reward_inputs(verdicts)
 
     async def run(
         self, tasks: Sequence[tuple[Task, str, int]], config: RolloutConfig | None = None
@@ -96,6 +132,9 @@ def score(traj: Trajectory, shaped: bool) -> tuple[float, float]:
     inputs = traj.metadata.get("tau")
     if inputs is None or traj.status == "failed":
         return 0.0, 0.0
+    if isinstance(inputs, Tau2RewardInput):  # tau2 has no shaping: the 0/1 reward both ways
+        value = tau2_reward(inputs).reward
+        return value, value
     result = tau_reward(inputs, SHAPING if shaped else None)
     task = float(result.breakdown.get("task_reward", result.reward))
     return float(result.reward), task

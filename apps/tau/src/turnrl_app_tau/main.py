@@ -55,6 +55,7 @@ from turnrl_app_tau.training import (
     build_policy,
     engine_spec,
     loop_config,
+    make_judge,
     make_user_factory,
     pad_id_of,
     ray_job,
@@ -396,6 +397,7 @@ async def _run_with_router(
             tools,
             rollout_config(config),
             make_user_factory(config, urls),
+            judge=make_judge(config, urls),
         )
         eval_tasks = data.heldout or data.train
         t = config.tau

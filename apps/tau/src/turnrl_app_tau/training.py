@@ -42,7 +42,6 @@ from turnrl_app_tau.data import (
     TaskData,
     TaskUser,
     extra_store_conversations,
-    gold_conversation,
     store_conversations,
 )
 from turnrl_app_tau.report import console
@@ -119,7 +118,7 @@ def sft_warm_up(
         console.print(f"SFT: reusing {done.parent} ({done.read_text().strip()})")
         return done.parent
     tok = _tokenizer(base)
-    conversations = [gold_conversation(data.domain, task, data.domain.wiki) for task in data.train]
+    conversations = [data.conversation(task) for task in data.train]
     if t.sft_extra_stores and t.domain == "synthetic":
         conversations += extra_store_conversations(t, t.sft_extra_stores)
     elif t.sft_extra_stores:
@@ -348,4 +347,29 @@ def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[
     user_config = LiteLLMUserConfig(
         model=model, api_base=api_base, max_retries=t.user_retries, backoff_s=t.user_retry_delay
     )
+    if t.benchmark == "tau2" and t.tau2_dir:  # tau2's own user guidelines around the scenario
+        from turnrl.tool_envs.tau2.llm import user_prompt
+
+        user_config.system_prompt = user_prompt(t.tau2_dir)
     return lambda: LiteLLMUser(user_config)
+
+
+def make_judge(config: TauAppConfig, engine_urls: list[str]) -> Any:
+    """tau2's NL-assertion judge (``--judge-model``; ``local``: the engines), or None."""
+    t = config.tau
+    if t.benchmark != "tau2" or t.judge_model is None:
+        return None
+    from turnrl.tool_envs.tau2.llm import LiteLLMJudge
+    from turnrl.tool_envs.user_sim import LiteLLMUserConfig
+
+    model, api_base = t.judge_model, None
+    if model == "local":
+        model, api_base = "openai/policy", f"{engine_urls[0]}/v1"
+    judge_config = LiteLLMUserConfig(
+        model=model,
+        api_base=api_base,
+        max_retries=t.user_retries,
+        backoff_s=t.user_retry_delay,
+        max_tokens=2048,
+    )
+    return LiteLLMJudge(judge_config)

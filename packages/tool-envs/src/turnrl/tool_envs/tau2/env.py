@@ -15,9 +15,10 @@ text. The agent never sees the user's tool calls, the user never sees the agent'
 
 Endings (tau2's termination reasons): ``user_stop`` (``###STOP###``, ``###TRANSFER###`` or
 ``###OUT-OF-SCOPE###`` in a user text), ``max_steps`` (routing steps, each agent message,
-user message or batch of tool results counting one), ``too_many_errors`` (error tool
-results summed over the episode) and ``user_error`` (the user simulator failed: an
-infrastructure failure, never scored). Only ``user_stop`` is evaluated; the others score 0.
+user message or batch of tool results counting one) and ``too_many_errors`` (error tool
+results summed over the episode). Only ``user_stop`` is evaluated; the others score 0. A
+user simulator that fails raises out of ``step`` (the rollout marks the episode
+``failed``: an infrastructure fault, never scored).
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ class Tau2Env:
         self.steps, self.errors, self.done = 1, 0, False
         self.ending: str | None = None
         self._user_s = 0.0
-        self.user_error: str | None = None
         if hasattr(self.user, "use_tools"):
             self.user.use_tools(self._user_schemas())
         first = await self.user.reset(task.scenario)
@@ -127,21 +127,18 @@ class Tau2Env:
             "errors": self.errors,
             "user_s": self._user_s,
         }
-        if self.user_error is not None:
-            info["user_error"] = self.user_error
         return StepResult(observations=observations, done=self.done, info=info)
 
     def _agent_call(self, call: ToolCall) -> Message:
         self.tool_calls.append((call.name, call.arguments))
-        text, error = self.agent.call(call.name, call.arguments)
-        self.domain.sync(self.agent, self.phone)
+        text, error = self._synced(self.agent.call(call.name, call.arguments))
         self.errors += int(error)
         return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text}
 
     async def _user_turn(self, reply: Any, agent_text: list[str]) -> list[Message]:
         """Get the user's text answer (running its tool calls); returns it as observations."""
         start = time.perf_counter()
-        try:
+        try:  # a user-simulator failure propagates: the episode fails, unscored
             if reply is None:
                 reply = await self.user.respond(agent_text[0])
             for _ in range(self.config.max_user_tool_rounds):
@@ -149,16 +146,12 @@ class Tau2Env:
                     break
                 results = self._user_calls(reply)
                 reply = await self.user.tool_results(results)  # type: ignore[attr-defined]
-            if not isinstance(reply, str):
-                raise RuntimeError(
-                    f"the user made tool calls {self.config.max_user_tool_rounds} times in a row"
-                )
-        except Exception as exc:  # a user-simulator failure ends the episode, unscored
-            self.user_error = f"{type(exc).__name__}: {exc}"
-            self.ending = "user_error"
-            return [{"role": "user", "content": ""}]
         finally:
             self._user_s = time.perf_counter() - start
+        if not isinstance(reply, str):
+            raise RuntimeError(
+                f"the user made tool calls {self.config.max_user_tool_rounds} times in a row"
+            )
         self.conversation.append({"role": "user", "content": reply})
         self.steps += 1
         if any(marker in reply for marker in STOP_MARKERS):
@@ -176,14 +169,23 @@ class Tau2Env:
             if self.phone is None or call.name not in allowed:
                 text, error = f"Error: Tool '{call.name}' not found.", True
             else:
-                text, error = self.phone.call(call.name, call.arguments)
-                self.domain.sync(self.agent, self.phone)
+                text, error = self._synced(self.phone.call(call.name, call.arguments))
             self.errors += int(error)
             results.append(
                 {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text}
             )
         self.steps += 2
         return results
+
+    def _synced(self, result: tuple[str, bool]) -> tuple[str, bool]:
+        """tau2 syncs after a call that succeeded; a sync that raises is the call's error."""
+        if result[1]:
+            return result
+        try:
+            self.domain.sync(self.agent, self.phone)
+        except Exception as exc:
+            return f"Error: {exc}", True
+        return result
 
     def gold_hashes(self) -> tuple[str, str | None]:
         """The agent and user database hashes the task's gold actions produce (cached per task)."""

@@ -1,6 +1,4 @@
-"""(TEMPORARY: read READ_ME_FIRST.md in this folder before writing a domain module.)
-
-How tau2-bench runs a tool: kinds, schemas, result texts and the database hash.
+"""How tau2-bench runs a tool: kinds, schemas, result texts and the database hash.
 
 A domain's toolkit is a class whose tool methods are marked with :func:`tool`; it holds
 one episode's database. :meth:`Toolkit.call` is tau2's ``Environment.get_response``: the

@@ -1,0 +1,143 @@
+"""The app on tau2-bench (``--benchmark tau2``) without an engine: data, gold conversations
+through the scripted user, the tau2 reward, the NL judge (reads ``../shared/tau2-bench``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tau_replay import ReplayEngine
+from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.data import TaskUser, load_tasks_and_domain, needs_judge
+from turnrl_app_tau.episodes import TauEpisodes, evaluate
+from turnrl_app_tau.main import rollout_config, tool_schemas
+
+from turnrl.grpo_core.training.tiny_model import build_tiny_model
+from turnrl.tool_envs.chat import ChatTokenizer
+
+TAU2_DIR = Path(
+    os.environ.get("TURNRL_TAU2_DATA")
+    or Path(__file__).resolve().parents[3] / ".." / "shared" / "tau2-bench"
+)
+needs_data = pytest.mark.skipif(
+    not (TAU2_DIR / "airline" / "tasks.json").is_file(), reason=f"no tau2-bench data at {TAU2_DIR}"
+)
+
+
+def _config() -> Any:
+    """The smoke preset with a context long enough for tau2's policies and tools."""
+    config = smoke()
+    return dataclasses.replace(
+        config,
+        rollout=dataclasses.replace(config.rollout, rollout_max_context_len=32768, max_turns=40),
+    )
+
+
+def _settings(**kwargs: Any) -> TauSettings:
+    return TauSettings(benchmark="tau2", tau2_dir=str(TAU2_DIR), num_heldout=0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    return ChatTokenizer.from_dir(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def test_tau2_settings_that_cannot_run_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--tau2-dir"):
+        load_tasks_and_domain(TauSettings(benchmark="tau2", domain="airline"))
+    with pytest.raises(ValueError, match="benchmark must be tau or tau2"):
+        TauSettings(benchmark="tau3")
+    with pytest.raises(ValueError, match=r"telecom.*cannot call tools"):
+        load_tasks_and_domain(TauSettings(benchmark="tau2", domain="telecom", tau2_dir="x"))
+    with pytest.raises(ValueError, match="split test"):
+        load_tasks_and_domain(_settings(domain="airline", split="test"))
+    with pytest.raises(FileNotFoundError, match="airline"):
+        load_tasks_and_domain(
+            TauSettings(benchmark="tau2", domain="airline", tau2_dir=str(tmp_path))
+        )
+
+
+@needs_data
+async def test_airline_gold_conversations_earn_full_reward(chat: ChatTokenizer) -> None:
+    config = _config()
+    data = load_tasks_and_domain(_settings(domain="airline"))
+    assert (len(data.train), len(data.heldout)) == (30, 20)
+    tools = tool_schemas(data, short=False)
+    assert {s["function"]["name"] for s in tools} >= {"book_reservation", "cancel_reservation"}
+    tasks = data.train[:12]
+    engine = ReplayEngine(chat, [data.conversation(t) for t in tasks])
+    episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), TaskUser)
+    metrics = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
+    assert metrics["failed"] == 0.0 and metrics["success"] == 1.0
+
+
+@needs_data
+async def test_retail_nl_assertions_need_a_judge_and_its_verdict_counts(
+    chat: ChatTokenizer,
+) -> None:
+    unjudged = load_tasks_and_domain(_settings(domain="retail"))
+    assert not any(needs_judge(t) for t in unjudged.train + unjudged.heldout)
+    assert "gated by NL assertions left out" in unjudged.source
+    data = load_tasks_and_domain(_settings(domain="retail", judge_model="local"))
+    judged = [t for t in data.train if needs_judge(t)][:3]
+    assert len(data.train) == 74 and len(judged) == 3
+    seen: list[tuple[Any, ...]] = []
+
+    async def judge(
+        conversation: list[dict[str, Any]], assertions: tuple[str, ...]
+    ) -> tuple[bool, ...]:
+        seen.append(assertions)
+        assert conversation[0] == {"role": "assistant", "content": "Hi! How can I help you today?"}
+        return (verdict,) * len(assertions)
+
+    config = _config()
+    tools = tool_schemas(data, short=False)
+    engine = ReplayEngine(chat, [data.conversation(t) for t in judged])
+    for verdict, expected in ((True, 1.0), (False, 0.0)):  # noqa: B007 (read by judge)
+        episodes = TauEpisodes(
+            engine, chat, data.domain, tools, rollout_config(config), TaskUser, judge=judge
+        )
+        metrics = await evaluate(episodes, judged, trials=1, config=rollout_config(config, 0.0, 4))
+        assert metrics["success"] == expected
+    assert seen[0] == judged[0].nl_assertions
+
+    async def broken(conversation: Any, assertions: Any) -> tuple[bool, ...]:
+        raise TimeoutError("judge unreachable")
+
+    episodes = TauEpisodes(
+        engine, chat, data.domain, tools, rollout_config(config), TaskUser, judge=broken
+    )
+    metrics = await evaluate(episodes, judged, trials=1, config=rollout_config(config, 0.0, 4))
+    assert metrics["failed"] == 1.0 and "judge unreachable" in str(episodes.last_error)
+
+
+def test_the_tau2_flags_reach_the_settings() -> None:
+    from turnrl_app_tau.cli import resolve
+
+    invocation = resolve(
+        ["--benchmark", "tau2", "--tau2-dir", "d", "--domain", "airline", "--judge-model", "local"]
+    )
+    t = invocation.config.tau
+    assert (t.benchmark, t.tau2_dir, t.domain, t.judge_model) == ("tau2", "d", "airline", "local")
+    assert dataclasses.replace(t, benchmark="tau").benchmark == "tau"
+
+
+@needs_data
+def test_the_llm_user_and_the_judge_of_a_tau2_run() -> None:
+    from turnrl_app_tau.config import TauAppConfig
+    from turnrl_app_tau.training import make_judge, make_user_factory
+
+    tau = _settings(domain="retail", user_model="openai/user", judge_model="local")
+    config = dataclasses.replace(TauAppConfig(), tau=tau)
+    user = make_user_factory(config, ["http://127.0.0.1:9"])()
+    assert user.config.system_prompt.startswith("# User Simulation Guidelines")  # type: ignore[attr-defined]
+    assert "<scenario>\n{instruction}\n</scenario>" in user.config.system_prompt  # type: ignore[attr-defined]
+    judge = make_judge(config, ["http://127.0.0.1:9"])
+    assert (
+        judge.config.api_base == "http://127.0.0.1:9/v1" and judge.config.model == "openai/policy"
+    )
+    plain = dataclasses.replace(config, tau=dataclasses.replace(tau, benchmark="tau"))
+    assert make_judge(plain, ["http://127.0.0.1:9"]) is None
