@@ -50,7 +50,7 @@ def test_tau2_settings_that_cannot_run_are_refused(tmp_path: Path) -> None:
         load_tasks_and_domain(TauSettings(benchmark="tau2", domain="airline"))
     with pytest.raises(ValueError, match="benchmark must be tau or tau2"):
         TauSettings(benchmark="tau3")
-    with pytest.raises(ValueError, match=r"telecom.*cannot call tools"):
+    with pytest.raises(ValueError, match=r"telecom needs --user-model"):
         load_tasks_and_domain(TauSettings(benchmark="tau2", domain="telecom", tau2_dir="x"))
     with pytest.raises(ValueError, match="split test"):
         load_tasks_and_domain(_settings(domain="airline", split="test"))
@@ -161,3 +161,18 @@ def test_tau2_smoke_run_end_to_end_on_vllm(tmp_path: Path) -> None:
     assert summary["steps"] == 2 and summary["num_eval_tasks"] == 2
     for phase in ("before", "after"):
         assert summary[phase]["failed"] == 0.0 and summary[phase]["num_turns"] >= 1
+
+
+@needs_data
+def test_telecom_loads_with_an_llm_user_and_its_gold_chats_ask_the_user_to_act() -> None:
+    data = load_tasks_and_domain(_settings(domain="telecom", user_model="openai/user"))
+    assert (len(data.train), len(data.heldout)) == (74, 40)
+    task = next(t for t in data.train if "user" in t.gold_requestors)
+    chat = data.conversation(task)
+    asks = [
+        m["content"]
+        for m in chat
+        if m["role"] == "assistant" and "on your phone" in str(m["content"])
+    ]
+    assert len(asks) == task.gold_requestors.count("user")
+    assert chat[-1]["role"] == "assistant"

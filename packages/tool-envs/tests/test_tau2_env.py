@@ -401,3 +401,45 @@ async def test_playing_the_gold_actions_through_an_episode_scores_one(
     assert len(tasks) == {"airline": 50, "retail": 114, "telecom": 114}[name]
     assert failing == [], failing
     assert idle_passes < len(tasks) / 2
+
+
+class ToolCallingServer(FlakyServer):
+    """A chat server whose model first calls the ``pay`` tool when offered it, then says stop."""
+
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append(body)
+        if body.get("tools") and not any(m["role"] == "tool" for m in body["messages"]):
+            call = {"id": "u1", "type": "function", "function": {"name": "pay", "arguments": "{}"}}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        else:
+            message = {"role": "assistant", "content": "All paid. ###STOP###"}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [choice],
+            }
+        )
+
+
+@needs_litellm
+async def test_the_llm_user_calls_its_own_tools(serve: Any) -> None:
+    from turnrl.tool_envs.user_sim import LiteLLMUser, LiteLLMUserConfig
+
+    server = ToolCallingServer()
+    config = LiteLLMUserConfig(model="openai/user", api_base=await serve(server))
+    user = LiteLLMUser(config)
+    env = Tau2Env(_shop_domain(), user)
+    opening = await env.reset(_task())
+    assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["balance", "pay"]
+    assert opening[-1] == {"role": "user", "content": "All paid. ###STOP###"}
+    assert env.phone is not None and env.phone.state()["paid"] is True
+    tool_message = server.requests[1]["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["content"] == "paid"
+    assert env.tool_calls == [("pay", {})] and env.ending == "user_stop"

@@ -148,15 +148,14 @@ def load_tau2(settings: TauSettings) -> TaskData:
     all with 0) held out; tasks gated by NL assertions need ``--judge-model``."""
     if settings.tau2_dir is None:
         raise ValueError("--benchmark tau2 needs --tau2-dir (the tau2-bench data folder)")
-    if settings.domain == "telecom":
+    if settings.domain not in ("airline", "retail", "telecom"):
         raise ValueError(
-            "--benchmark tau2 --domain telecom: its user acts on the phone through tools, and "
-            "this app's users (scripted, or --user-model through litellm) cannot call tools yet; "
-            "airline and retail run"
+            f"--benchmark tau2: domain must be airline, retail or telecom, got {settings.domain!r}"
         )
-    if settings.domain not in ("airline", "retail"):
+    if settings.domain == "telecom" and settings.user_model is None:
         raise ValueError(
-            f"--benchmark tau2: domain must be airline or retail, got {settings.domain!r}"
+            "--benchmark tau2 --domain telecom needs --user-model: its user acts on the phone "
+            "through tools, which the scripted user cannot"
         )
     if settings.split == "test":
         raise ValueError(
@@ -341,9 +340,10 @@ def gold_conversation(domain: TauDomain, task: Task, system: str) -> list[dict[s
 
 
 def tau2_gold_conversation(domain: Tau2Domain, task: tau2_tasks.Tau2Task) -> list[dict[str, Any]]:
-    """A tau2 task solved by its gold (agent) actions, answered as :class:`TaskUser` would:
-    tau2's opening, the scenario in the first person, a confirmation before the first write,
-    real tool results, and a closing message with the information to communicate."""
+    """A tau2 task solved by its gold actions, answered as :class:`TaskUser` would: tau2's
+    opening, the scenario in the first person, a confirmation before the first write, real
+    tool results, the user asked to run its own actions (telecom), and a closing message
+    with the information to communicate."""
     agent, phone = domain.start(task)
     kinds = agent.tool_kinds()
     messages: list[dict[str, Any]] = [
@@ -352,8 +352,17 @@ def tau2_gold_conversation(domain: Tau2Domain, task: tau2_tasks.Tau2Task) -> lis
         {"role": "user", "content": f"Hi. {first_person(task.scenario)}"},
     ]
     confirmed = False
-    for index, action in enumerate(task.gold_actions):
+    for index, (action, side) in enumerate(
+        zip(task.gold_actions, task.gold_requestors, strict=True)
+    ):
         kwargs = dict(action.arguments)
+        if side == "user" and phone is not None:  # the user acts on the phone when asked
+            phone.call(action.name, kwargs)
+            domain.sync(agent, phone)
+            ask = f"Please {action.name.replace('_', ' ')} on your phone and tell me when done."
+            messages.append({"role": "assistant", "content": ask})
+            messages.append({"role": "user", "content": "Done."})
+            continue
         if kinds.get(action.name) == ToolKind.WRITE and not confirmed:
             confirmed = True
             messages.append({"role": "assistant", "content": confirm_message(action.name, kwargs)})

@@ -350,7 +350,7 @@ def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[
     if t.benchmark == "tau2" and t.tau2_dir:  # tau2's own user guidelines around the scenario
         from turnrl.tool_envs.tau2.llm import user_prompt
 
-        user_config.system_prompt = user_prompt(t.tau2_dir)
+        user_config.system_prompt = user_prompt(t.tau2_dir, with_tools=t.domain == "telecom")
     return lambda: LiteLLMUser(user_config)
 
 

@@ -180,11 +180,13 @@ class LiteLLMUser:
     def __init__(self, config: LiteLLMUserConfig) -> None:
         self.config = config
         self._litellm = _import_litellm()
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self.usage = UserUsage()
+        self.tools: list[dict[str, Any]] = []
 
-    async def reset(self, instruction: str) -> str:
-        """Start a conversation for ``instruction``; return the user's first message."""
+    async def reset(self, instruction: str) -> Any:
+        """Start a conversation for ``instruction``; return the user's first message (with
+        tools offered, it may be an assistant message whose ``tool_calls`` use them)."""
         system = self.config.system_prompt.format(instruction=instruction, stop=STOP_TOKEN)
         self.messages = [
             {"role": "system", "content": system},
@@ -193,29 +195,51 @@ class LiteLLMUser:
         self.usage = UserUsage()
         return await self._reply()
 
-    async def respond(self, agent_message: str) -> str:
+    async def respond(self, agent_message: str) -> Any:
         """Answer the agent; ``###STOP###`` in the answer ends the episode."""
         if not self.messages:
             raise UserSimulatorError("respond() called before reset()")
         self.messages.append({"role": "user", "content": agent_message})
         return await self._reply()
 
-    async def _reply(self) -> str:
-        content = await self._complete()
-        self.messages.append({"role": "assistant", "content": content})
-        return content
+    def use_tools(self, schemas: list[dict[str, Any]]) -> None:
+        """Offer the user these tools (tau2 telecom's phone); its replies may then call them."""
+        self.tools = list(schemas)
 
-    async def _complete(self) -> str:
-        return await complete(self._litellm, self.config, self.messages, self.usage)
+    async def tool_results(self, results: list[dict[str, Any]]) -> Any:
+        """The results of the user's own tool calls; returns its next reply."""
+        for result in results:
+            self.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": result.get("tool_call_id", ""),
+                    "content": str(result.get("content", "")),
+                }
+            )
+        return await self._reply()
+
+    async def _reply(self) -> Any:
+        reply = await complete(self._litellm, self.config, self.messages, self.usage, self.tools)
+        if isinstance(reply, dict):
+            self.messages.append(reply)
+        else:
+            self.messages.append({"role": "assistant", "content": reply})
+        return reply
 
 
 async def complete(
-    litellm: Any, cfg: LiteLLMUserConfig, messages: list[dict[str, str]], usage: UserUsage
-) -> str:
+    litellm: Any,
+    cfg: LiteLLMUserConfig,
+    messages: list[dict[str, Any]],
+    usage: UserUsage,
+    tools: list[dict[str, Any]] | None = None,
+) -> Any:
     """One chat completion through ``litellm.acompletion`` with ``cfg``'s retries and backoff.
 
-    Shared by the LLM user and the tau2 judge; tokens and cost go to ``usage``. Raises
-    :class:`UserSimulatorError` when every try failed or returned an empty message.
+    Shared by the LLM user and the tau2 judge; tokens and cost go to ``usage``. Returns the
+    text, or with ``tools`` offered and called, the assistant message (OpenAI format, with
+    ``tool_calls``). Raises :class:`UserSimulatorError` when every try failed or returned
+    an empty message.
     """
     last_error: BaseException | None = None
     for attempt in range(cfg.max_retries + 1):
@@ -233,21 +257,41 @@ async def complete(
                 timeout=cfg.timeout_s,
                 num_retries=0,
                 max_retries=0,  # retries are ours, counted and backed off
+                **({"tools": tools} if tools else {}),
                 **cfg.extra,
             )
-            content = response.choices[0].message.content
-            if not isinstance(content, str) or not content.strip():
+            message = response.choices[0].message
+            calls = _tool_calls(message) if tools else []
+            content = message.content
+            if not calls and (not isinstance(content, str) or not content.strip()):
                 raise UserSimulatorError(f"{cfg.model!r} returned an empty message")
         except Exception as exc:
             usage.failed_calls += 1
             last_error = exc
             continue
         _account(litellm, usage, response)
+        if calls:
+            return {"role": "assistant", "content": content or None, "tool_calls": calls}
         return content.strip()
     raise UserSimulatorError(
         f"{cfg.model!r} failed after {cfg.max_retries + 1} tries: "
         f"{type(last_error).__name__}: {last_error}"
     ) from last_error
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    """The tool calls of a litellm message as plain OpenAI dicts (arguments as JSON text)."""
+    out = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = call.function
+        out.append(
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": function.name, "arguments": function.arguments or "{}"},
+            }
+        )
+    return out
 
 
 def _account(litellm: Any, usage: UserUsage, response: Any) -> None:
