@@ -229,3 +229,22 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
     # The cosine schedule spans the prefix steps and the full-conversation steps.
     both = TauSettings(sft_lr=1e-3, sft_prefix_steps=50, sft_steps=50, sft_lr_decay="cosine")
     assert sft_lr(both, 99) == pytest.approx(1e-4, rel=0.01)
+
+
+async def test_a_failing_user_simulator_fails_the_episode_unscored(chat: ChatTokenizer) -> None:
+    """A user-simulator outage is an infrastructure fault: the episode is failed, not reward 0."""
+
+    class DownUser(TaskUser):
+        async def respond(self, agent_message: str) -> str:
+            raise ConnectionError("user model unreachable")
+
+    config = smoke()
+    data = load_tasks_and_domain(config.tau)
+    tools = tool_schemas(data, short=True)
+    tasks = data.train[:2]
+    engine = ReplayEngine(chat, [data.conversation(t) for t in tasks])
+    episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), DownUser)
+    trajs = await episodes.run([(t, "g", 0) for t in tasks])
+    assert all(t.status == "failed" for t in trajs)
+    assert "user model unreachable" in str(trajs[0].metadata["error"])
+    assert await batched_tau_rm(trajs) == [0.0, 0.0]
