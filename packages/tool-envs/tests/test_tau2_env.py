@@ -443,3 +443,14 @@ async def test_the_llm_user_calls_its_own_tools(serve: Any) -> None:
     tool_message = server.requests[1]["messages"][-1]
     assert tool_message["role"] == "tool" and tool_message["content"] == "paid"
     assert env.tool_calls == [("pay", {})] and env.ending == "user_stop"
+
+
+async def test_an_agent_tool_called_by_the_user_is_an_error_for_the_user_only() -> None:
+    sell = {"role": "assistant", "content": None, "tool_calls": [_tc("sell", {"item": "a"})]}
+    user = WalletUser(["hi", sell, "Hm. ###STOP###"])
+    env = Tau2Env(_shop_domain(), user)
+    await env.reset(_task())
+    result = await env.step({"role": "assistant", "content": "Anything else?"})
+    assert user.results[0][0]["content"] == "Error: Tool 'sell' not found."
+    assert result.observations == [{"role": "user", "content": "Hm. ###STOP###"}]
+    assert env.agent.state()["items"]["a"]["sold"] is False and env.errors == 1
