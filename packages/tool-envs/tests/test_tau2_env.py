@@ -454,3 +454,17 @@ async def test_an_agent_tool_called_by_the_user_is_an_error_for_the_user_only() 
     assert user.results[0][0]["content"] == "Error: Tool 'sell' not found."
     assert result.observations == [{"role": "user", "content": "Hm. ###STOP###"}]
     assert env.agent.state()["items"]["a"]["sold"] is False and env.errors == 1
+
+
+def test_the_incremental_table_hash_equals_the_plain_one() -> None:
+    from turnrl.tool_envs.tau.db import PristineData
+    from turnrl.tool_envs.tau2.toolkit import state_hash
+
+    pristine = PristineData({"b": {"x": {"n": 1, "d": "é"}, "a": {"n": [2, 1]}}, "a": {}})
+    db = pristine.new_database()
+    assert db.json_hash() == state_hash(db.tables)
+    db.mutable("b", "x")["n"] = 5.0
+    assert db.json_hash() == state_hash(db.tables)
+    db.put("a", "new", {"k": None})
+    db.put("b", "0", {"z": True})
+    assert db.json_hash() == state_hash(db.tables) != state_hash(pristine.tables)

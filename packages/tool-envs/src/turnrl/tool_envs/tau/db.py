@@ -63,6 +63,10 @@ def _entry_text(key: str, record: Any) -> bytes:
     return f"({key!r}, {to_hashable(record)!r})".encode()
 
 
+def _json_text(record: Any) -> str:
+    return json.dumps(record, sort_keys=True, default=str)
+
+
 def load_table(path: Path) -> dict[str, Any]:
     """Read one table file: a JSON object mapping ids to records."""
     if not path.is_file():
@@ -98,6 +102,7 @@ class PristineData:
         """Wrap already-parsed tables (table name -> id -> record), in database order."""
         self.tables = tables
         self._cache: dict[str, _TableCache] = {}
+        self._json_cache: dict[str, _TableCache] = {}
 
     @classmethod
     def from_dir(cls, data_dir: str | Path, table_names: Iterable[str]) -> PristineData:
@@ -115,6 +120,16 @@ class PristineData:
             texts = {key: _entry_text(key, rec) for key, rec in table.items()}
             cache = _TableCache(sorted(table), texts)
             self._cache[name] = cache
+        return cache
+
+    def json_texts(self, name: str) -> _TableCache:
+        """Sorted ids and each record's ``json.dumps(sort_keys=True, default=str)`` text."""
+        cache = self._json_cache.get(name)
+        if cache is None:
+            table = self.tables[name]
+            texts = {key: _json_text(rec).encode() for key, rec in table.items()}
+            cache = _TableCache(sorted(table), texts)
+            self._json_cache[name] = cache
         return cache
 
     def warm(self) -> None:
@@ -176,6 +191,30 @@ class Database:
             self._feed_table(hasher, name)
             hasher.update(b")")
         hasher.update(b",)" if len(names) == 1 else b")")
+        return hasher.hexdigest()
+
+    def json_hash(self) -> str:
+        """SHA-256 of ``json.dumps(self.tables, sort_keys=True, default=str)`` (tau2's hash),
+        fed piece by piece; only the records this episode wrote are rendered."""
+        hasher = hashlib.sha256(b"{")
+        for index, name in enumerate(sorted(self.tables)):
+            hasher.update(f"{', ' if index else ''}{json.dumps(name)}: {{".encode())
+            table, dirty = self.tables[name], self._dirty[name]
+            cache = self.pristine.json_texts(name)
+            same_keys = len(table) == len(cache.sorted_keys) and all(
+                k in cache.texts for k in dirty
+            )
+            keys = cache.sorted_keys if same_keys else sorted(table)
+            hasher.update(
+                b", ".join(
+                    json.dumps(k).encode()
+                    + b": "
+                    + (_json_text(table[k]).encode() if k in dirty else cache.texts[k])
+                    for k in keys
+                )
+            )
+            hasher.update(b"}")
+        hasher.update(b"}")
         return hasher.hexdigest()
 
     def _feed_table(self, hasher: Any, name: str) -> None:

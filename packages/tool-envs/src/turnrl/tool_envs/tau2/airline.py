@@ -462,6 +462,10 @@ class AirlineTools(Toolkit):
         """The tables (``flights``, ``users``, ``reservations``) as upstream's ``model_dump``."""
         return self.db.tables
 
+    def db_hash(self) -> str:
+        """tau2's hash of the tables, rendering only the records this episode wrote."""
+        return self.db.json_hash()
+
     def update_db(self, data: dict[str, Any]) -> None:
         """Deep-merge ``data`` into the tables; only the records it touches are copied."""
         unknown = sorted(set(data) - set(TABLES))

@@ -248,6 +248,10 @@ class RetailTools(Toolkit):
     def state(self) -> dict[str, dict[str, Any]]:
         return self.db.tables
 
+    def db_hash(self) -> str:
+        """tau2's hash of the tables, rendering only the records this episode wrote."""
+        return self.db.json_hash()
+
     def update_db(self, data: dict[str, Any]) -> None:
         """Deep-merge ``data`` (table -> id -> fields) into the tables, then re-normalise the
         records written so far, as upstream re-validates its whole model after a merge."""
