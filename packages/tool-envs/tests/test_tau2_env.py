@@ -177,9 +177,7 @@ async def test_bad_calls_are_model_visible_errors_and_the_episode_goes_on() -> N
     for turn, text in cases:
         result = await env.step(turn)
         assert result.observations[0]["content"].startswith(text) and not result.done
-    assert result.info["num_invalid_tool_calls"] == 1
     ok = await env.step(_call("get_item", item="a"))
-    assert ok.info["num_invalid_tool_calls"] == 0
     assert json.loads(ok.observations[0]["content"]) == {"price": 3, "sold": False}
     broken = await env.step({"role": "assistant", "content": "", "tool_call_errors": ["bad JSON"]})
     assert broken.observations == [{"role": "tool", "content": "Error: bad JSON"}]

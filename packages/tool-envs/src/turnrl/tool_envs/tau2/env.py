@@ -103,15 +103,12 @@ class Tau2Env:
         parsed = from_openai_tool_calls(list(assistant.get("tool_calls") or []))
         errors = [str(e) for e in assistant.get("tool_call_errors") or []] + parsed.errors
         self._user_s = 0.0
-        invalid = 0  # the agent's calls of this turn that failed (parse errors aside)
         observations: list[Message]
         if parsed.tool_calls or errors:
             observations = [{"role": "tool", "content": f"Error: {e}"} for e in errors]
             self.errors += len(errors)
-            before = self.errors
             for call in parsed.tool_calls:
                 observations.append(self._agent_call(call))
-            invalid = self.errors - before
             self.conversation += [dict(assistant), *observations]
             self.steps += 2
         else:
@@ -128,7 +125,6 @@ class Tau2Env:
         info: dict[str, Any] = {
             "done_reason": self.ending,
             "errors": self.errors,
-            "num_invalid_tool_calls": invalid,
             "user_s": self._user_s,
         }
         return StepResult(observations=observations, done=self.done, info=info)
