@@ -154,6 +154,8 @@ async def test_a_dual_control_episode_routes_calls_to_each_side_and_scores_the_d
         {"role": "user", "content": "Paid. ###STOP###"}
     ]  # no user tools shown
     assert user.results[0][0]["content"] == "paid"
+    roles = [m["role"] for m in env.conversation]
+    assert roles == ["assistant", "user", "assistant", "tool", "assistant", "user", "tool", "user"]
     reward = env.reward()
     assert reward.reward == 1.0 and reward.breakdown["db_match"] is True
 

@@ -145,6 +145,12 @@ class Tau2Env:
                 if isinstance(reply, str):
                     break
                 results = self._user_calls(reply)
+                user_call = {
+                    "role": "user",
+                    "content": reply.get("content"),
+                    "tool_calls": reply.get("tool_calls"),
+                }
+                self.conversation += [user_call, *results]  # the judge sees them, as in tau2
                 reply = await self.user.tool_results(results)  # type: ignore[attr-defined]
         finally:
             self._user_s = time.perf_counter() - start
