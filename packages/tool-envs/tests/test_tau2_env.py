@@ -6,18 +6,54 @@ enough to reason about: a shop counter (agent side) and a wallet (user side).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
 import pytest
-from conftest import ScriptedEngine
-from test_user_sim import FlakyServer, needs_litellm
 
 from turnrl.tool_envs.tau2.domain import Tau2Domain
 from turnrl.tool_envs.tau2.env import GREETING, Tau2Env, Tau2EnvConfig
 from turnrl.tool_envs.tau2.tasks import TaskFormatError, Tau2Task, load_tasks, render_scenario
 from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 from turnrl.tool_envs.user_sim import ScriptedUser
+
+needs_litellm = pytest.mark.skipif(
+    importlib.util.find_spec("litellm") is None or importlib.util.find_spec("aiohttp") is None,
+    reason="litellm and aiohttp are not installed (pip install 'turnrl-tool-envs[litellm]' aiohttp)",
+)
+
+
+class ChatServer:
+    """An OpenAI-compatible chat server (for the ``serve`` fixture) answering its scripted
+    messages in turn; HTTP 500 to the requests numbered in ``fail`` (1-based)."""
+
+    def __init__(self, messages: list[dict[str, Any]], fail: frozenset[int] = frozenset()) -> None:
+        self.messages, self.fail = messages, fail
+        self.requests: list[dict[str, Any]] = []
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        served = sum(1 for n in range(1, len(self.requests)) if n not in self.fail)
+        return self.messages[min(served, len(self.messages) - 1)]
+
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append(body)
+        if len(self.requests) in self.fail:
+            return web.json_response({"error": {"message": "overloaded"}}, status=500)
+        choice = {"index": 0, "finish_reason": "stop", "message": self.answer(body)}
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [choice],
+            }
+        )
+
 
 _ID = {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}
 
@@ -201,7 +237,9 @@ async def test_endings_other_than_a_stop_score_zero() -> None:
     assert last.info["done_reason"] == "max_steps"
 
 
-async def test_a_user_simulator_failure_fails_the_episode_unscored(qwen3: Any) -> None:
+async def test_a_user_simulator_failure_fails_the_episode_unscored(
+    qwen3: Any, make_engine: Any
+) -> None:
     from turnrl.tool_envs.rollout import RolloutConfig, run_episode
     from turnrl.tool_envs.user_sim import UserSimulatorError
 
@@ -210,7 +248,7 @@ async def test_a_user_simulator_failure_fails_the_episode_unscored(qwen3: Any) -
             raise UserSimulatorError("user model unreachable after 3 tries")
 
     env = Tau2Env(_shop_domain(), DownUser(["hi"]))
-    engine = ScriptedEngine(qwen3, ["Hello."])
+    engine = make_engine(["Hello."])
     traj = await run_episode(engine, env, qwen3, _task(), RolloutConfig())
     assert traj.status == "failed" and "UserSimulatorError" in traj.metadata["error"]
 
@@ -308,7 +346,8 @@ async def test_the_litellm_judge_retries_and_parses_or_refuses(serve: Any) -> No
     from turnrl.tool_envs.user_sim import LiteLLMUserConfig
 
     verdict = {"results": [{"expectedOutcome": "a", "reasoning": "r", "metExpectation": False}]}
-    server = FlakyServer(fail={1}, replies=(json.dumps(verdict), "I think so."))
+    texts = [json.dumps(verdict), "I think so."]
+    server = ChatServer([{"role": "assistant", "content": t} for t in texts], fail=frozenset({1}))
     config = LiteLLMUserConfig(model="openai/judge", api_base=await serve(server), backoff_s=0.01)
     judge = LiteLLMJudge(config)
     conversation = [
@@ -405,29 +444,17 @@ async def test_playing_the_gold_actions_through_an_episode_scores_one(
     assert idle_passes < len(tasks) / 2
 
 
-class ToolCallingServer(FlakyServer):
-    """A chat server whose model first calls the ``pay`` tool when offered it, then says stop."""
+class ToolCallingServer(ChatServer):
+    """A model that first calls the ``pay`` tool when offered it, then says stop."""
 
-    async def handle(self, request: Any) -> Any:
-        from aiohttp import web
+    def __init__(self) -> None:
+        super().__init__([])
 
-        body = await request.json()
-        self.requests.append(body)
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("tools") and not any(m["role"] == "tool" for m in body["messages"]):
             call = {"id": "u1", "type": "function", "function": {"name": "pay", "arguments": "{}"}}
-            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
-        else:
-            message = {"role": "assistant", "content": "All paid. ###STOP###"}
-        choice = {"index": 0, "finish_reason": "stop", "message": message}
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [choice],
-            }
-        )
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"role": "assistant", "content": "All paid. ###STOP###"}
 
 
 @needs_litellm
