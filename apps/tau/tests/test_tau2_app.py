@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, smoke
-from turnrl_app_tau.data import TaskUser, load_tasks_and_domain, needs_judge
+from turnrl_app_tau.data import TaskUser, load_tasks_and_domain
 from turnrl_app_tau.episodes import TauEpisodes, evaluate
 from turnrl_app_tau.main import rollout_config, tool_schemas
 
@@ -79,10 +79,10 @@ async def test_retail_nl_assertions_need_a_judge_and_its_verdict_counts(
     chat: ChatTokenizer,
 ) -> None:
     unjudged = load_tasks_and_domain(_settings(domain="retail"))
-    assert not any(needs_judge(t) for t in unjudged.train + unjudged.heldout)
+    assert not any(t.needs_judge for t in unjudged.train + unjudged.heldout)
     assert "gated by NL assertions left out" in unjudged.source
     data = load_tasks_and_domain(_settings(domain="retail", judge_model="local"))
-    judged = [t for t in data.train if needs_judge(t)][:3]
+    judged = [t for t in data.train if t.needs_judge][:3]
     assert len(data.train) == 74 and len(judged) == 3
     seen: list[tuple[Any, ...]] = []
 

@@ -169,20 +169,15 @@ def load_tau2(settings: TauSettings) -> TaskData:
     heldout = tau2_tasks.load_tasks(folder, "test")[: settings.num_heldout or None]
     note = ""
     if settings.judge_model is None:
-        judged = [t for t in train + heldout if needs_judge(t)]
-        train = [t for t in train if not needs_judge(t)]
-        heldout = [t for t in heldout if not needs_judge(t)]
+        judged = [t for t in train + heldout if t.needs_judge]
+        train = [t for t in train if not t.needs_judge]
+        heldout = [t for t in heldout if not t.needs_judge]
         if judged:
             note = f"; {len(judged)} tasks gated by NL assertions left out (no --judge-model)"
     if not train:
         raise ValueError(f"no tau2 {settings.domain} tasks to train on{note}")
     label = f"tau2-bench {settings.domain} (split {settings.split}; held out: test{note})"
     return TaskData(domain, train, heldout, label)
-
-
-def needs_judge(task: tau2_tasks.Tau2Task) -> bool:
-    """True when an LLM judge's verdict on NL assertions gates the task's reward."""
-    return "NL_ASSERTION" in task.reward_basis and bool(task.nl_assertions)
 
 
 def synthetic_tasks(settings: TauSettings) -> TaskData:

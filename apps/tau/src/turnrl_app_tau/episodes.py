@@ -90,7 +90,7 @@ class TauEpisodes:
         if task is None or traj.status == "failed":
             return None
         verdicts = None
-        if "NL_ASSERTION" in task.reward_basis and task.nl_assertions and env.ending == "user_stop":
+        if task.needs_judge and env.ending == "user_stop":
             if self.judge is None:
                 raise ValueError(f"tau2 task {task.id!r} needs an NL-assertion judge")
             try:

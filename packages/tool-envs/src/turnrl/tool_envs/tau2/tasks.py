@@ -58,6 +58,11 @@ class Tau2Task:
     reward_basis: tuple[str, ...] = DEFAULT_BASIS
 
     @property
+    def needs_judge(self) -> bool:
+        """True when an LLM judge's verdict on NL assertions gates the reward."""
+        return "NL_ASSERTION" in self.reward_basis and bool(self.nl_assertions)
+
+    @property
     def compares_db(self) -> bool:
         """tau2 compares databases unless both ``actions`` and ``env_assertions`` are null."""
         return self.actions_given or self.env_assertions is not None

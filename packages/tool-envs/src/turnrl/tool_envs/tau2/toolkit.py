@@ -21,7 +21,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 TRANSFER_TOOL = "transfer_to_human_agents"
@@ -57,6 +58,10 @@ def tool(
     return mark
 
 
+_KINDS: dict[type, Mapping[str, ToolKind]] = {}
+"""Each toolkit class's tool kinds (classes do not change after definition)."""
+
+
 class Toolkit:
     """The tools of one side (agent or user) of a domain, acting on one database.
 
@@ -69,14 +74,17 @@ class Toolkit:
     """``assistant`` (the agent's tools) or ``user`` (the simulated user's, telecom)."""
 
     @classmethod
-    def tool_kinds(cls) -> dict[str, ToolKind]:
-        """Tool name -> kind, in definition order (base classes first)."""
-        kinds: dict[str, ToolKind] = {}
-        for klass in reversed(cls.__mro__):
-            for name, attr in vars(klass).items():
-                mark = getattr(attr, "_tau2_tool", None)
-                if mark is not None:
-                    kinds[name] = mark[0]
+    def tool_kinds(cls) -> Mapping[str, ToolKind]:
+        """Tool name -> kind, in definition order (base classes first); found once per class."""
+        kinds = _KINDS.get(cls)
+        if kinds is None:
+            found: dict[str, ToolKind] = {}
+            for klass in reversed(cls.__mro__):
+                for name, attr in vars(klass).items():
+                    mark = getattr(attr, "_tau2_tool", None)
+                    if mark is not None:
+                        found[name] = mark[0]
+            kinds = _KINDS[cls] = MappingProxyType(found)
         return kinds
 
     @classmethod
