@@ -198,6 +198,7 @@ def apps(session: nox.Session, app: str) -> None:
         "--no-default-groups",
         "--package",
         f"turnrl-app-{app}",
+        "--all-extras",
         "--group",
         "test",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
