@@ -124,11 +124,14 @@ def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -
 def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -> None:
     """--runner local: one in-process trainer, the engine started by the app; Ctrl-C (one
     SIGINT, passed on by the supervisor) after step 1's checkpoint stops the engine and
-    prints the resume command; --resume runs steps 2 and 3, every step synced to the
-    engine, which samples from the trainer's weights."""
+    prints the resume command; --resume runs the steps left, every step synced to the
+    engine, which samples from the trainer's weights. Eight steps of ~1.5 s leave the
+    signal seconds to land mid-run on a loaded machine (with three it once came as the app
+    was exiting)."""
     run_dir = tmp_path / "run"
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
-    args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--num-rollout", "3"]
+    steps = 8
+    args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--num-rollout", str(steps)]
     args += ["--save-interval", "1"]
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
         app = subprocess.Popen(
@@ -149,14 +152,15 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     proc = _run_app(["--resume", "--run-dir", str(run_dir)], tmp_path, timeout=840)
     assert "resumed GRPO from" in proc.stdout and "SFT: reusing" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["runner"] == "local" and summary["steps"] == 3
+    assert summary["runner"] == "local" and summary["steps"] == steps
     assert "trainers start" not in summary["phase_seconds"]
     history = summary["train_history"]
-    assert len(history) == 3
+    assert len(history) == steps
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines if "rollout/reward_mean" in x] == [1, 2, 3]  # each once
+    logged = [x["step"] for x in lines if "rollout/reward_mean" in x]
+    assert logged == list(range(1, steps + 1))  # each once
 
 
 @pytest.mark.vllm
