@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from turnrl.grpo_core.recipe.evaluation import (
@@ -124,21 +123,17 @@ def run_sft_stage(
     console: Console,
     logger: StepLogger,
 ) -> tuple[Path, dict[str, Any]]:
-    """Stage 1; returns the exported model folder and what SFT did: ``loss`` (the last),
-    ``steps``, ``stop`` (why it stopped) and ``probes`` (``[step, rate]`` each).
+    """Stage 1; returns the exported model folder and what SFT did (``SFTResult.record``:
+    steps, first and last loss, why it stopped, ``[step, rate]`` of every probe).
 
     Runs ``sft.num_steps`` steps, or fewer when the probe target or the time bound is met
-    (``SFTStop``); every probe also goes to ``metrics.jsonl`` (``sft/probe``).
+    (``SFTStop``); every step also goes to ``metrics.jsonl`` (``sft/loss``, ``sft/probe``).
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.training.sft import (
-        SFTConfig,
-        SFTDataIterator,
-        SFTStop,
-        build_sft_example,
-        run_sft,
-    )
+    from turnrl.grpo_core.recipe.sft import SFTPhase
+    from turnrl.grpo_core.recipe.sft import run_sft_stage as train
+    from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
     sft = config.sft
@@ -146,31 +141,21 @@ def run_sft_stage(
     tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
     examples = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.sft_chats]
     probe = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.probe_chats]
-    stop = SFTStop(probe, tok.pad_token_id, sft.probe_target, sft.probe_interval, sft.max_seconds)
     trainer = make_trainer(base, config, sft.lr, sft.micro_batch_size)
-    data = SFTDataIterator(len(examples), config.seed)
-    step_config = SFTConfig(num_steps=1, global_batch_size=sft.global_batch_size, seed=config.seed)
-    loss, reason, step = float("nan"), None, 0
-    stop.start()
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("SFT", total=sft.num_steps)
-        for step in range(1, sft.num_steps + 1):
-            for group in trainer.optimizer.param_groups:
-                group["lr"] = sft_lr(sft, step)
-            metrics = run_sft(trainer, examples, step_config, tok.pad_token_id, data)[0]
-            loss = float(metrics["loss"])
-            reason = stop.check(trainer.hf_model, step)
-            if (rate := stop.last_probe) is not None:
-                metrics["probe"] = rate
-                console.print(f"SFT step {step}: {rate:.2f} of {len(probe)} probe chats reproduced")
-            logger(step, {f"sft/{k}": float(v) for k, v in metrics.items()}, phase="sft")
-            bar.update(task, advance=1, description=f"SFT loss {loss:.3f}")
-            if reason:
-                break
-    reason = reason or "all steps done"
-    console.print(f"SFT stopped after {step} steps: {reason}")
+    result = train(
+        trainer,
+        [SFTPhase(sft.num_steps, examples, sft.global_batch_size)],
+        pad_id=tok.pad_token_id,
+        seed=config.seed,
+        lr=lambda step: sft_lr(sft, step + 1),
+        stop=SFTStop(
+            probe, tok.pad_token_id, sft.probe_target, sft.probe_interval, sft.max_seconds
+        ),
+        console=console,
+        on_step=lambda step, metrics: logger(step, metrics, phase="sft"),
+    )
     trainer.export_hf(out)
-    return out, {"loss": loss, "steps": step, "stop": reason, "probes": stop.history}
+    return out, result.record()
 
 
 @contextlib.contextmanager
@@ -330,7 +315,7 @@ async def run(
                 )
                 save_progress(run_dir, progress)
         sft_cpu = time.process_time()
-        console.print(f"SFT done (last loss {progress.get('sft', {}).get('loss')})")
+        console.print(f"SFT done (last loss {progress.get('sft', {}).get('loss_last')})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
             box = SandboxClient(
                 SandboxClientConfig(

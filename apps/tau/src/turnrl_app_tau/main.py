@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -331,7 +332,8 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         try:
             if command == "train":
                 with phases("sft"):
-                    policy = sft_warm_up(config, base, data, tools, run_dir, reuse=resume)
+                    log = functools.partial(scalars.logger, phase="sft")
+                    policy = sft_warm_up(config, base, data, tools, run_dir, resume, log)
                 if (policy / SFT_DONE).is_file():  # steps, why SFT stopped, its probes
                     summary["sft"] = json.loads((policy / SFT_DONE).read_text())
             else:  # eval scores the model as given (--hf-checkpoint, or the tiny base)

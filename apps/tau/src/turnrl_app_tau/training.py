@@ -20,19 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.placement.plan import PlacementConfig
-from turnrl.grpo_core.recipe import accelerator, ray_run
-from turnrl.grpo_core.training.sft import (
-    SFTConfig,
-    SFTDataIterator,
-    SFTStop,
-    build_sft_example,
-    run_sft,
-    scheduled_lr,
-)
+from turnrl.grpo_core.recipe import SFTPhase, accelerator, ray_run, run_sft_stage
+from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
@@ -103,11 +94,12 @@ def sft_warm_up(
     tools: list[dict[str, Any]],
     run_dir: Path,
     reuse: bool = False,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> Path:
     """SFT on the training tasks' gold conversations; returns the exported folder (or ``base``).
 
     With ``reuse``, a complete SFT model an earlier run of ``run_dir`` exported is returned
-    without training.
+    without training. ``on_step`` gets every step's metrics (``sft/loss``, ``sft/probe``).
     """
     t = config.tau
     if t.sft_steps <= 0 or not data.train:
@@ -123,7 +115,7 @@ def sft_warm_up(
         conversations += extra_store_conversations(t, t.sft_extra_stores)
     elif t.sft_extra_stores:
         console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic domain only)")
-    probe: list[Any] = []
+    probe_chats: list[list[dict[str, Any]]] = []
     if t.sft_probe_target:
         if t.domain == "synthetic":  # a store SFT never sees
             probe_chats = store_conversations(t, t.sft_extra_stores + 1)[: t.sft_probe_size]
@@ -132,13 +124,13 @@ def sft_warm_up(
                 conversations[-t.sft_probe_size :],
                 conversations[: -t.sft_probe_size],
             )
-        probe = [
-            build_sft_example(tok, m, tools, max_length=config.parallel.seq_length)
-            for m in probe_chats
-        ]
-    examples = [
-        build_sft_example(tok, messages, tools, max_length=config.parallel.seq_length)
+    length = config.parallel.seq_length
+    probe = [build_sft_example(tok, m, tools, max_length=length) for m in probe_chats]
+    examples = [build_sft_example(tok, m, tools, max_length=length) for m in conversations]
+    prefixes = [
+        build_sft_example(tok, prefix(messages, t.sft_prefix_turns), tools)
         for messages in conversations
+        if t.sft_prefix_steps
     ]
     engine = TorchEngine(
         TorchEngineConfig(
@@ -149,71 +141,31 @@ def sft_warm_up(
             seed=config.seed,
         )
     )
-    kept = [e for e in examples if any(e.loss_mask)]
-    prefixes = [
-        build_sft_example(tok, prefix(messages, t.sft_prefix_turns), tools)
-        for messages in conversations
-        if t.sft_prefix_steps
-    ]
-    stages = [
-        (t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size),
-        (t.sft_steps, kept, t.sft_batch_size),
-    ]
-    tokens = sum(len(e.input_ids) for e in kept) / len(kept)
+    tokens = sum(len(e.input_ids) for e in examples) / len(examples)
     console.print(
-        f"SFT: {len(kept)} gold conversations, {tokens:.0f} tokens on average, "
+        f"SFT: {len(examples)} gold conversations, {tokens:.0f} tokens on average, "
         f"{t.sft_prefix_steps} prefix steps x {t.sft_prefix_batch_size} + "
         f"{t.sft_steps} steps x {t.sft_batch_size}"
     )
-    losses: list[float] = []
+    phases = [  # a curriculum: the first turns of every conversation, then all of it
+        SFTPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, probe=False),
+        SFTPhase(t.sft_steps, examples, t.sft_batch_size),
+    ]
     stop = SFTStop(
         probe, tok.pad_token_id, t.sft_probe_target, t.sft_probe_interval, t.sft_max_seconds
     )
-    columns = [
-        TextColumn("SFT"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-    ]
-    total = t.sft_prefix_steps + t.sft_steps
-    reason: str | None = None
-    stop.start()
-    with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("", total=total)
-        for stage, (steps, pool, batch_size) in enumerate(stages):
-            if not steps:
-                continue
-            order = SFTDataIterator(len(pool), config.seed)
-            sft = SFTConfig(num_steps=1, global_batch_size=batch_size, seed=config.seed)
-            for step in range(1, steps + 1):
-                for group in engine.optimizer.param_groups:
-                    group["lr"] = sft_lr(t, len(losses))
-                losses.append(run_sft(engine, pool, sft, tok.pad_token_id, data=order)[0]["loss"])
-                progress.update(bar, advance=1, description=f"loss {losses[-1]:.3f}")
-                if not console.is_terminal and len(losses) % max(1, total // 10) == 0:
-                    console.print(f"SFT step {len(losses)}/{total}  loss {losses[-1]:.3f}")
-                reason = stop.check(engine.hf_model, step, probe=stage == 1)
-                if stop.last_probe is not None:
-                    console.print(
-                        f"SFT step {len(losses)}: {stop.last_probe:.2f} of "
-                        f"{len(probe)} probe conversations reproduced"
-                    )
-                if reason:
-                    break
-            if reason:
-                break
-    console.print(f"SFT stopped after {len(losses)} steps: {reason or 'all steps done'}")
-    console.print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    result = run_sft_stage(
+        engine,
+        phases,
+        pad_id=tok.pad_token_id,
+        seed=config.seed,
+        lr=lambda step: sft_lr(t, step),
+        stop=stop,
+        console=console,
+        on_step=on_step,
+    )
     folder = Path(engine.export_hf(run_dir / "model" / "sft"))
-    record = {
-        "steps": len(losses),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "stop": reason or "all steps done",
-        "probes": [(t.sft_prefix_steps + step, rate) for step, rate in stop.history],
-    }
-    (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
+    (folder / SFT_DONE).write_text(json.dumps(result.record()) + "\n")
     return folder
 
 

@@ -13,7 +13,9 @@
 - :mod:`~turnrl.grpo_core.recipe.evaluation`: held-out statistics (mean and standard error
   over items, pass^k, the paired change RL made, a verdict sentence), phase timing, the
   run's curves and ``summary.json``.
-- :func:`~turnrl.grpo_core.training.sft.scheduled_lr`: the SFT stages' learning-rate schedule.
+- :func:`~turnrl.grpo_core.recipe.sft.run_sft_stage`: the SFT stage before RL (phases of
+  steps, a scheduled learning rate, an early stop on a probe or a time bound, a progress
+  bar, every step's metrics to a callback).
 
 Apps keep their presets, data, environments and rewards; a run of either app on the Ray
 runner goes through these same functions on a laptop CPU and on a cluster.
@@ -35,8 +37,15 @@ from turnrl.grpo_core.recipe.run_folder import (
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.cluster import accelerator, ray_run
     from turnrl.grpo_core.recipe.loop import build_loop
+    from turnrl.grpo_core.recipe.sft import SFTPhase, run_sft_stage
 
-_LAZY = {"build_loop": "loop", "accelerator": "cluster", "ray_run": "cluster"}
+_LAZY = {
+    "build_loop": "loop",
+    "accelerator": "cluster",
+    "ray_run": "cluster",
+    "SFTPhase": "sft",
+    "run_sft_stage": "sft",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "SFTPhase",
     "accelerator",
     "build_loop",
     "claim_run_dir",
@@ -59,5 +69,6 @@ __all__ = [
     "load_progress",
     "ray_run",
     "read_run_config",
+    "run_sft_stage",
     "save_progress",
 ]

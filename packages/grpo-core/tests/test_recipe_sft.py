@@ -1,0 +1,98 @@
+"""The shared SFT stage (turnrl.grpo_core.recipe.sft) on the tiny model: phases in order,
+a phase of 0 steps skipped, the learning rate set per step, probes only where a phase asks,
+every step's metrics handed on, and a phase with nothing to train on refused."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from transformers import AutoTokenizer
+
+from turnrl.grpo_core.recipe.sft import SFTPhase, run_sft_stage
+from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
+from turnrl.grpo_core.training.tiny_model import build_tiny_model, sample_chat
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _engine(tiny: Path) -> TorchEngine:
+    config = TorchEngineConfig(
+        model_path=str(tiny), optimizer=OptimizerConfig(lr=1.0, weight_decay=0.0)
+    )
+    return TorchEngine(config)
+
+
+def test_phases_run_in_order_with_the_scheduled_lr_and_probes_where_asked(tiny: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny)
+    short = [build_sft_example(tok, sample_chat(seed=s, num_turns=1)) for s in range(3)]
+    long = [build_sft_example(tok, sample_chat(seed=s, num_turns=2)) for s in range(3, 7)]
+    engine = _engine(tiny)
+    lrs: list[float] = []
+    seen: list[tuple[int, dict[str, float]]] = []
+
+    def lr(step: int) -> float:
+        lrs.append(1e-3 / (step + 1))
+        return lrs[-1]
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        seen.append((step, metrics))
+        assert engine.optimizer.param_groups[0]["lr"] == lrs[-1]  # set before the step
+
+    # The probe chat is never reproduced by a barely trained model: the stage runs out.
+    stop = SFTStop(long[:1], tok.pad_token_id, target=1.0, interval=2)
+    out = io.StringIO()
+    result = run_sft_stage(
+        engine,
+        [SFTPhase(3, short, 2, probe=False), SFTPhase(0, short, 2), SFTPhase(4, long, 2)],
+        pad_id=tok.pad_token_id,
+        seed=0,
+        lr=lr,
+        stop=stop,
+        console=Console(file=out, width=120),
+        on_step=on_step,
+    )
+    assert result.steps == 7 == engine.step and result.stop == "all steps done"
+    assert [s for s, _ in seen] == list(range(1, 8))
+    assert all(m["sft/loss"] > 0 for _, m in seen)
+    # Probes at the 2nd and 4th step of the last phase only, counted over the stage.
+    assert [s for s, m in seen if "sft/probe" in m] == [5, 7]
+    assert [s for s, _ in result.probes] == [5, 7]
+    record = result.record()
+    assert record["steps"] == 7 and record["loss_last"] == seen[-1][1]["sft/loss"]
+    assert "SFT stopped after 7 steps: all steps done" in out.getvalue()
+    assert "SFT step 5: 0.00 of 1 probe conversations reproduced" in out.getvalue()
+
+
+def test_the_stop_ends_the_stage_early(tiny: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny)
+    examples = [build_sft_example(tok, sample_chat(seed=s, num_turns=1)) for s in range(2)]
+    stop = SFTStop(max_seconds=1e-9)
+    phases = [SFTPhase(5, examples, 2), SFTPhase(5, examples, 2)]
+    result = run_sft_stage(
+        _engine(tiny), phases, pad_id=tok.pad_token_id, seed=0, lr=lambda _: 1e-3, stop=stop
+    )
+    assert result.steps == 1 and result.stop.startswith("time bound")
+
+
+def test_a_phase_with_nothing_to_train_on_is_refused_before_any_step(tiny: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny)
+    good = build_sft_example(tok, sample_chat(seed=1, num_turns=1))
+    empty = build_sft_example(tok, sample_chat(seed=1, num_turns=1), max_length=5)
+    assert not any(empty.loss_mask)
+    engine = _engine(tiny)
+    phases = [SFTPhase(2, [good], 1), SFTPhase(2, [empty], 1)]
+    with pytest.raises(ValueError, match="no example with an assistant token"):
+        run_sft_stage(engine, phases, pad_id=tok.pad_token_id, seed=0, lr=lambda _: 1e-3)
+    assert engine.step == 0
+    # A phase of 0 steps is skipped, whatever it holds.
+    result = run_sft_stage(
+        engine, [SFTPhase(0, [empty], 1)], pad_id=tok.pad_token_id, seed=0, lr=lambda _: 1e-3
+    )
+    assert result.steps == 0 and result.record()["loss_last"] is None
