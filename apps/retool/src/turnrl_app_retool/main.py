@@ -89,23 +89,18 @@ class Datasets:
 def build_base_model(config: RetoolAppConfig, folder: Path, reuse: bool = False) -> Path:
     """The starting model: ``--hf-checkpoint``, or a tiny seeded Qwen3 written to ``folder``
     (with ``reuse``, the one an earlier run of the folder built)."""
-    if config.model.hf_checkpoint:
-        return Path(config.model.hf_checkpoint)
-    if reuse and (folder / "config.json").is_file():
-        return folder
-    from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+    from turnrl.grpo_core.recipe.model import starting_model
 
-    h = config.model.tiny_hidden_size
-    tiny = TinyModelConfig(
-        hidden_size=h,
-        intermediate_size=2 * h,
-        head_dim=32,
-        num_hidden_layers=config.model.tiny_num_layers,
-        num_attention_heads=max(2, h // 32),
-        num_key_value_heads=max(1, h // 64),
+    m = config.model
+    return starting_model(
+        m.hf_checkpoint,
+        folder,
+        hidden_size=m.tiny_hidden_size,
+        num_layers=m.tiny_num_layers,
         seed=config.seed,
+        reuse=reuse,
+        console=Console(quiet=True),
     )
-    return build_tiny_model(folder, tiny)
 
 
 def sft_lr(sft: SFTStageConfig, step: int) -> float:

