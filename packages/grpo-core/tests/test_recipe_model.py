@@ -25,7 +25,7 @@ def test_a_tiny_qwen3_is_built_once_and_reused(tmp_path: Path) -> None:
 
 def test_a_given_checkpoint_must_be_a_local_hugging_face_folder(tmp_path: Path) -> None:
     (tmp_path / "hf").mkdir()
-    with pytest.raises(FileNotFoundError, match="no config.json .* nothing is downloaded"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json .* nothing is downloaded"):
         starting_model(str(tmp_path / "hf"), tmp_path / "base", hidden_size=64, num_layers=1)
     (tmp_path / "hf" / "config.json").write_text("{}")
     given = starting_model(str(tmp_path / "hf"), tmp_path / "base", hidden_size=64, num_layers=1)
