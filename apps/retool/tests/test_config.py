@@ -100,7 +100,7 @@ def test_presets_are_fresh_objects() -> None:
         (["--device", "tpu"], "cpu, gpu or npu"),
         (["--device", "npu"], "--hf-checkpoint"),
         (["--n-val-samples", "0"], "eval.n"),
-        (["--smoke", "--preset", "qwen3-4b-gpu"], "exclusive"),
+        (["--smoke", "--preset", "qwen3-4b-gpu"], "conflicts with --preset"),
         (["--preset", "nope"], "invalid choice"),
         (["--num-rollout", "many"], "invalid int"),
         (["--runner", "slurm"], "local or ray"),

@@ -15,17 +15,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnrl.grpo_core.recipe.run_folder import read_run_config
+from turnrl.grpo_core.recipe.flags import (
+    OFF,
+    ON,
+    add_flags,
+    add_run_flags,
+    comma_list,
+    resolve_fields,
+)
 from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
 
-# (flag, "section.field", kind); kind: a type for valued flags, "on" sets True, "off" sets False.
+# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags (a type, ON, OFF).
 _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--train-backend", "parallel.train_backend", str),
     ("--actor-num-nodes", "cluster.actor_num_nodes", int),
     ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
     ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
     ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
-    ("--colocate", "cluster.colocate", "on"),
+    ("--colocate", "cluster.colocate", ON),
     ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
     ("--hf-checkpoint", "model.hf_checkpoint", str),
     ("--ref-load", "model.ref_load", str),
@@ -35,18 +42,18 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--custom-rm-path", "rollout.custom_rm_path", str),
     ("--prompt-data", "tau.prompt_data", str),
     ("--input-key", "tau.input_key", str),
-    ("--rollout-shuffle", "loop.rollout_shuffle", "on"),
+    ("--rollout-shuffle", "loop.rollout_shuffle", ON),
     ("--num-rollout", "loop.num_rollout", int),
     ("--rollout-batch-size", "loop.rollout_batch_size", int),
     ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
     ("--global-batch-size", "loop.global_batch_size", int),
-    ("--disable-rewards-normalization", "loop.rewards_normalization", "off"),
+    ("--disable-rewards-normalization", "loop.rewards_normalization", OFF),
     ("--advantage-estimator", "loop.advantage_estimator", str),
     ("--rollout-max-response-len", "rollout.rollout_max_response_len", int),
     ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
     ("--rollout-temperature", "rollout.rollout_temperature", float),
     ("--seq-length", "parallel.seq_length", int),
-    ("--use-kl-loss", "loss.use_kl_loss", "on"),
+    ("--use-kl-loss", "loss.use_kl_loss", ON),
     ("--kl-loss-coef", "loss.kl_loss_coef", float),
     ("--kl-loss-type", "loss.kl_loss_type", str),
     ("--entropy-coef", "loss.entropy_coef", float),
@@ -59,7 +66,7 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--adam-beta1", "optimizer.adam_beta1", float),
     ("--adam-beta2", "optimizer.adam_beta2", float),
     ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
-    ("--sequence-parallel", "parallel.sequence_parallel", "on"),
+    ("--sequence-parallel", "parallel.sequence_parallel", ON),
     ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
     ("--context-parallel-size", "parallel.context_parallel_size", int),
     ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
@@ -67,18 +74,18 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--recompute-granularity", "parallel.recompute_granularity", str),
     ("--recompute-method", "parallel.recompute_method", str),
     ("--recompute-num-layers", "parallel.recompute_num_layers", int),
-    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", "on"),
+    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", ON),
     ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
     ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
     ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
-    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", "on"),
+    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", ON),
     ("--vllm-max-model-len", "rollout.vllm_max_model_len", int),
     ("--attention-dropout", "parallel.attention_dropout", float),
     ("--hidden-dropout", "parallel.hidden_dropout", float),
-    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", "on"),
-    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", "on"),
+    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", ON),
+    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", ON),
     ("--attention-backend", "parallel.attention_backend", str),
-    ("--use-flash-attn", "parallel.use_flash_attn", "on"),
+    ("--use-flash-attn", "parallel.use_flash_attn", ON),
 ]
 # Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch.
 _ARCH_FLAGS: list[tuple[str, Any]] = [
@@ -92,17 +99,13 @@ _ARCH_FLAGS: list[tuple[str, Any]] = [
     ("--rotary-base", float),
     ("--norm-epsilon", float),
     ("--normalization", str),
-    ("--swiglu", "on"),
-    ("--group-query-attention", "on"),
-    ("--use-rotary-position-embeddings", "on"),
-    ("--disable-bias-linear", "on"),
-    ("--qk-layernorm", "on"),
-    ("--untie-embeddings-and-output-weights", "on"),
+    ("--swiglu", ON),
+    ("--group-query-attention", ON),
+    ("--use-rotary-position-embeddings", ON),
+    ("--disable-bias-linear", ON),
+    ("--qk-layernorm", ON),
+    ("--untie-embeddings-and-output-weights", ON),
 ]
-
-
-def _comma_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 _APP_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -111,7 +114,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     (
         "--logger",
         "logger",
-        _comma_list,
+        comma_list,
         "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
     ),
     ("--device", "cluster.device", str, "cpu, gpu or npu"),
@@ -125,7 +128,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     (
         "--async",
         "loop.asynchronous",
-        "on",
+        ON,
         "rollouts of later steps overlap training (train_async)",
     ),
     (
@@ -163,7 +166,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--max-turns", "rollout.max_turns", int, "model turns per episode (TAU_MAX_TURNS)"),
     ("--max-inflight", "rollout.max_inflight", int, "episodes in flight (TAU_MAX_INFLIGHT)"),
-    ("--short-tools", "rollout.short_tools", "on", "tool schemas without descriptions"),
+    ("--short-tools", "rollout.short_tools", ON, "tool schemas without descriptions"),
     ("--sft-steps", "tau.sft_steps", int, "SFT warm-up steps on gold conversations"),
     ("--sft-lr", "tau.sft_lr", float, "SFT learning rate"),
     ("--sft-batch-size", "tau.sft_batch_size", int, "gold conversations per SFT step"),
@@ -178,14 +181,14 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--sft-probe-interval", "tau.sft_probe_interval", int, "SFT steps between probes"),
     ("--sft-max-seconds", "tau.sft_max_seconds", float, "time bound of SFT (0: none)"),
-    ("--no-policy-in-prompt", "tau.policy_in_prompt", "off", "one-line system prompt"),
-    ("--no-tools-in-prompt", "rollout.tools_in_prompt", "off", "no tool schemas in the prompt"),
+    ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),
+    ("--no-tools-in-prompt", "rollout.tools_in_prompt", OFF, "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),
     ("--synthetic-num-users", "tau.synthetic_num_users", int, "synthetic customers"),
     (
         "--synthetic-kinds",
         "tau.synthetic_kinds",
-        _comma_list,
+        comma_list,
         "synthetic task kinds, comma-separated (status,cancel,address,return,exchange)",
     ),
     ("--tiny-hidden-size", "model.tiny_hidden_size", int, "tiny model: residual width"),
@@ -211,7 +214,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     (
         "--rewards-normalization",
         "loop.rewards_normalization",
-        "on",
+        ON,
         "group-normalised advantages (undoes --disable-rewards-normalization)",
     ),
 ]
@@ -243,108 +246,39 @@ class Invocation:
     """Continue the interrupted run in ``config.run_dir`` (``--resume``)."""
 
 
-def _add(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    flag: str,
-    dest: str,
-    kind: Any,
-    help_: str,
-) -> None:
-    if kind in ("on", "off"):
-        parser.add_argument(
-            flag,
-            dest=dest,
-            action="store_const",
-            const=kind == "on",
-            default=argparse.SUPPRESS,
-            help=help_,
-        )
-    else:
-        parser.add_argument(
-            flag,
-            dest=dest,
-            type=kind,
-            default=argparse.SUPPRESS,
-            metavar=flag.lstrip("-").replace("-", "_").upper(),
-            help=help_,
-        )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``uv run apps/tau [train|eval] ...``."""
     parser = argparse.ArgumentParser(prog="apps/tau", description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", choices=["train", "eval"], default="train")
-    parser.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default=None,
-        help="starting configuration (default cpu-default)",
-    )
-    parser.add_argument("--smoke", action="store_true", help="same as --preset smoke")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the interrupted run in --run-dir (its config.json, then these flags)",
-    )
-    app = parser.add_argument_group("app")
-    for flag, dest, kind, help_ in _APP_FLAGS:
-        _add(app, flag, dest, kind, help_)
+    add_run_flags(parser, PRESETS)
+    add_flags(parser.add_argument_group("app"), _APP_FLAGS)
     script = parser.add_argument_group("slime/vime flags (same names and meaning)")
-    for flag, dest, kind in _SCRIPT_FLAGS:
-        _add(script, flag, dest, kind, f"sets {dest}")
+    add_flags(script, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _SCRIPT_FLAGS])
     arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
     for flag, kind in _ARCH_FLAGS:
         key = flag.lstrip("-").replace("-", "_")
-        _add(arch, flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")
+        add_flags(arch, [(flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")])
     return parser
-
-
-def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *path, last = dotted.split(".")
-    node = data
-    for key in path:
-        node = node[key]
-    node[last] = value
 
 
 def resolve(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> Invocation:
-    """Parse ``argv`` and resolve preset < ``TAU_*`` environment < flags.
+    """Parse ``argv`` and resolve preset < ``TAU_*`` environment < flags (a resumed run:
+    its config.json < flags).
 
     Raises:
         SystemExit: argparse's exit on a malformed command line (message on stderr).
         ValueError: a value a config section rejects, or both --smoke and another preset.
     """
     args = vars(build_parser().parse_args(list(argv) if argv is not None else None))
-    command, name, use_smoke = args.pop("command"), args.pop("preset"), args.pop("smoke")
-    resume = args.pop("resume")
-    if use_smoke and name not in (None, "smoke"):
-        raise ValueError(f"--smoke conflicts with --preset {name}")
-    if resume:
-        return Invocation(command, _resumed_config(args, name, use_smoke), resume=True)
-    data = preset("smoke" if use_smoke else name or "cpu-default").to_dict()
+    command, resume = args.pop("command"), args["resume"]
     env = os.environ if environ is None else environ
+    from_env = {}
     for var, dotted, convert in _ENV_VARS:
         if env.get(var, "").strip():
             try:
-                _set(data, dotted, convert(env[var]))
+                from_env[dotted] = convert(env[var])
             except ValueError:
                 raise ValueError(f"environment variable {var}={env[var]!r} is not valid") from None
-    for dotted, value in args.items():
-        _set(data, dotted, value)
-    return Invocation(command, from_dict(data))
-
-
-def _resumed_config(args: dict[str, Any], name: str | None, use_smoke: bool) -> TauAppConfig:
-    """The interrupted run's config.json with this command line's flags on top.
-
-    Raises:
-        ValueError: no --run-dir, no config.json in it, or a preset given with --resume.
-    """
-    if name or use_smoke:
-        raise ValueError("--resume continues a run with its own config; drop --preset/--smoke")
-    data = read_run_config(args.get("run_dir"))
-    for dotted, value in args.items():
-        _set(data, dotted, value)
-    return from_dict(data)
+    return Invocation(command, from_dict(resolve_fields(args, preset, from_env)), resume)

@@ -1,0 +1,105 @@
+"""An app's command line (turnrl.grpo_core.recipe.flags): preset < defaults < given flags,
+a resumed run's config.json < given flags, and the clear refusals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnrl.grpo_core.recipe.flags import (
+    BOOL,
+    OFF,
+    ON,
+    add_flags,
+    add_run_flags,
+    comma_list,
+    resolve_fields,
+)
+
+
+@dataclass
+class _Loop:
+    steps: int = 3
+    shuffle: bool = False
+    sft: bool = True
+    filter: bool = True
+
+
+@dataclass
+class _Config:
+    loop: _Loop = field(default_factory=_Loop)
+    run_dir: str | None = None
+    logger: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PRESETS = {"cpu-default": _Config(), "smoke": _Config(loop=_Loop(steps=1))}
+FLAGS = [
+    ("--num-rollout", "loop.steps", int, "steps"),
+    ("--shuffle", "loop.shuffle", ON, ""),
+    ("--no-sft", "loop.sft", OFF, ""),
+    ("--filter", "loop.filter", BOOL, ""),
+    ("--run-dir", "run_dir", str, ""),
+    ("--logger", "logger", comma_list, ""),
+]
+
+
+def _resolve(argv: list[str], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser, PRESETS)
+    add_flags(parser, FLAGS)
+    return resolve_fields(vars(parser.parse_args(argv)), PRESETS.__getitem__, defaults)
+
+
+def test_flags_not_given_keep_the_preset_and_given_ones_win() -> None:
+    assert _resolve([]) == PRESETS["cpu-default"].to_dict()
+    assert _resolve(["--smoke"])["loop"]["steps"] == 1
+    data = _resolve(
+        [
+            "--smoke",
+            "--num-rollout",
+            "7",
+            "--shuffle",
+            "--no-sft",
+            "--no-filter",
+            "--logger",
+            "a, b",
+        ]
+    )
+    assert data["loop"] == {"steps": 7, "shuffle": True, "sft": False, "filter": False}
+    assert data["logger"] == ["a", "b"]
+    # Defaults (e.g. environment variables) sit between the preset and the flags.
+    assert _resolve([], {"loop.steps": 5})["loop"]["steps"] == 5
+    assert _resolve(["--num-rollout", "9"], {"loop.steps": 5})["loop"]["steps"] == 9
+
+
+def test_resume_reads_the_run_config_under_the_given_flags(tmp_path: Path) -> None:
+    saved = _Config(loop=_Loop(steps=4, shuffle=True), run_dir=str(tmp_path)).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    data = _resolve(
+        ["--resume", "--run-dir", str(tmp_path), "--num-rollout", "6"], {"loop.steps": 1}
+    )
+    assert data["loop"] == {"steps": 6, "shuffle": True, "sft": True, "filter": True}
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "message"),
+    [
+        (["--smoke", "--preset", "cpu-default"], ValueError, "--smoke conflicts with --preset"),
+        (["--resume", "--smoke", "--run-dir", "x"], ValueError, "drop --preset/--smoke"),
+        (["--resume"], ValueError, "--resume needs --run-dir"),
+        (["--resume", "--run-dir", "nowhere"], FileNotFoundError, "not found"),
+    ],
+)
+def test_contradictions_and_missing_runs_are_refused(
+    argv: list[str], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        _resolve(argv)
