@@ -207,14 +207,10 @@ def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[tup
         with ray_run(placement, launch, torch_threads=config.model.torch_threads) as job:
             yield list(job.engine_urls), job
         return
-    from turnrl.npu_runtime.net import free_port
-    from turnrl.rollout_router.engine import EngineServer
+    from turnrl.grpo_core.recipe.engines import start_local_engines
 
-    servers = []
+    servers = start_local_engines(engine_spec(config, model), e.num_engines, log_dir)
     try:
-        for _ in range(e.num_engines):
-            spec = engine_spec(config, model, free_port())
-            servers.append(EngineServer(spec, log_dir=log_dir).start())
         yield [s.url for s in servers], None
     finally:
         for server in servers:

@@ -35,8 +35,8 @@ from turnrl.grpo_core.recipe import (
     load_progress,
     save_progress,
 )
+from turnrl.grpo_core.recipe.engines import start_local_engines
 from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
-from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer
@@ -258,21 +258,13 @@ def rollout_config(
 
 
 def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
-    """Launch the local runner's engines (blocking until healthy); stops those started if one
-    fails."""
+    """Launch the local runner's engines (blocking until healthy), each on devices of its
+    own past the trainer's device 0; stops those started if one fails."""
     c = config.cluster
     if ready_python(c.device) is None:
         console.print(f"[yellow]creating the {c.device} engine environment (first use: minutes)...")
-    servers: list[EngineServer] = []
-    try:
-        for _ in range(c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)):
-            spec = dataclasses.replace(engine_spec(config, model), port=free_port())
-            servers.append(EngineServer(spec, log_dir=run_dir / "logs").start())
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
-    return servers
+    count = c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)
+    return start_local_engines(engine_spec(config, model), count, run_dir / "logs")
 
 
 async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
