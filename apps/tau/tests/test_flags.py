@@ -255,3 +255,12 @@ def test_dynamic_batching_flags_reach_the_loop_and_need_each_other() -> None:
     for half in (words[:1], words[1:]):
         with pytest.raises(ValueError, match="dynamic batching needs both"):
             check_supported(resolve(half, {}).config)
+
+
+def test_load_naming_the_start_folder_acts_and_another_is_refused() -> None:
+    """The vime script gives --load the --hf-checkpoint folder (Megatron-Bridge mode): the
+    actor starts from it. Another folder would be a checkpoint turnrl does not load."""
+    same = ["--hf-checkpoint", "models/q", "--load", "models/q"]
+    assert not not_honoured(resolve(same, {}).config)
+    refused = not_honoured(resolve(["--hf-checkpoint", "models/q", "--load", "ckpt"], {}).config)
+    assert len(refused) == 1 and refused[0].startswith("--load ckpt: a checkpoint other than")

@@ -107,8 +107,9 @@ NOT_HONOURED: dict[str, str] = {
         + ["model.megatron_to_hf_mode"],
         _MEGATRON,
     ),
-    "model.load": "a Megatron checkpoint to resume from; the torch path resumes its run folder "
-    "(`--resume --run-dir DIR`) and starts from --hf-checkpoint",
+    "model.load": "a checkpoint other than --hf-checkpoint to start the actor from; the actor "
+    "starts from --hf-checkpoint (as in Megatron-Bridge mode, where --load names the same "
+    "folder) and a run continues with --resume --run-dir DIR",
     "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
     "from the checkpoint's config.json",
     **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
@@ -137,6 +138,8 @@ def not_honoured(config: TauAppConfig) -> list[str]:
         value = values[section][name]
         if value == defaults[section][name]:
             continue
+        if dotted == "model.load" and value == config.model.hf_checkpoint:
+            continue  # the vime script's --load: the same HF folder the actor starts from
         if dotted == "model.arch":
             flag = ", ".join(f"--{key.replace('_', '-')}" for key in value)
         else:
