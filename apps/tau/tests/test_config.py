@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from turnrl_app_tau.cli import SCRIPT_FLAGS, resolve
 from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
+from turnrl_app_tau.main import check_supported
+
+from turnrl.grpo_core.loop import load_function
 
 # The training command of the vime tau-bench NPU example (../shared/reference/tau-npu-script.md),
 # flag for flag, with slime's Qwen3-4B model-architecture arguments.
@@ -178,6 +181,9 @@ def test_script_flags_on_the_cpu_preset_give_the_npu_preset() -> None:
     assert cfg.model.arch["normalization"] == "RMSNorm" and cfg.model.arch["rotary_base"] == 1e6
     assert r.custom_generate_function_path == "generate_with_tau.generate"
     assert r.custom_rm_path == "generate_with_tau.batched_tau_bench_rm"
+    # vime's own module is not here: refused at start, naming this app's equivalents.
+    with pytest.raises(ValueError, match=r"--custom-generate-function-path generate_with_tau"):
+        check_supported(cfg)
     assert (cfg.tau.prompt_data, cfg.tau.input_key) == ("retail_train_tasks.jsonl", "index")
     assert lp.rollout_shuffle and not lp.rewards_normalization
     assert (lp.num_rollout, lp.rollout_batch_size, lp.n_samples_per_prompt) == (200, 8, 2)
@@ -213,10 +219,21 @@ def test_script_flags_on_the_cpu_preset_give_the_npu_preset() -> None:
 
 
 def test_npu_preset_matches_the_script() -> None:
-    """The preset alone equals the script's flags on top of it (the preset reproduces it)."""
+    """The preset alone equals the script's flags on top of it (the preset reproduces it),
+    but for the script's hooks into vime's own module, which name this app's equivalents."""
     npu = preset("qwen3-4b-npu")
-    argv = [a for a in SCRIPT_ARGV if not a.startswith("/models")]
-    argv = [a for i, a in enumerate(argv) if a not in ("--hf-checkpoint", "--ref-load", "--load")]
+    hooks = ("generate_with_tau.generate", "generate_with_tau.batched_tau_bench_rm")
+    argv = [a for a in SCRIPT_ARGV if not a.startswith("/models") and a not in hooks]
+    skip = (
+        "--hf-checkpoint",
+        "--ref-load",
+        "--load",
+        *(f"--custom-{x}" for x in ("generate-function-path", "rm-path")),
+    )
+    argv = [a for a in argv if a not in skip]
+    assert npu.rollout.custom_generate_function_path is None  # the app's episode loop
+    assert npu.rollout.custom_rm_path == "turnrl_app_tau.episodes.batched_tau_rm"
+    assert load_function(npu.rollout.custom_rm_path).__name__ == "batched_tau_rm"  # loadable
     flagged = resolve(["--preset", "qwen3-4b-npu", *argv], SCRIPT_ENV).config
     flagged.model.arch = {}
     assert flagged.to_dict() == npu.to_dict()

@@ -533,8 +533,9 @@ def qwen3_4b_npu() -> TauAppConfig:
             max_turns=3,
             max_inflight=8,
             short_tools=False,
-            custom_generate_function_path="generate_with_tau.generate",
-            custom_rm_path="generate_with_tau.batched_tau_bench_rm",
+            # vime's generate_with_tau.generate is this app's own episode loop (the default);
+            # its batched_tau_bench_rm (shaped reward over the group maximum) is:
+            custom_rm_path="turnrl_app_tau.episodes.batched_tau_rm",
         ),
         tau=TauSettings(
             domain="retail",

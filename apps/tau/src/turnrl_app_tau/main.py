@@ -175,6 +175,20 @@ def not_honoured(config: TauAppConfig) -> list[str]:
 
 def check_supported(config: TauAppConfig) -> None:
     """Refuse, with the reason, what this app cannot run yet (every such setting at once)."""
+    r = config.rollout
+    for flag, path in (
+        ("--custom-generate-function-path", r.custom_generate_function_path),
+        ("--custom-rm-path", r.custom_rm_path),
+    ):
+        if path:
+            try:
+                load_function(path)
+            except (ImportError, AttributeError, ValueError) as exc:
+                raise ValueError(
+                    f"{flag} {path}: cannot load it ({exc}); vime's generate_with_tau hooks are "
+                    "this app's defaults (leave the flag out; their reward is "
+                    "turnrl_app_tau.episodes.batched_tau_rm)"
+                ) from None
     if config.parallel.train_backend == "megatron":
         check_megatron(config)
     elif config.parallel.train_backend != "torch":
