@@ -44,7 +44,7 @@ def _other_value(dotted: str) -> list[str]:
         return ["--num-layers", "4"]
     kind = KIND_OF[dotted]
     flag = FLAG_OF[dotted]
-    if kind in ("on", "off"):
+    if kind in ("on", "off", "bool"):
         return [flag]
     return [flag, {int: "3", float: "0.25"}.get(kind, "other")]
 

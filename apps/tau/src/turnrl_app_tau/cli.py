@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.grpo_core.recipe.flags import (
+    BOOL,
     OFF,
     ON,
     add_flags,
@@ -25,14 +26,15 @@ from turnrl.grpo_core.recipe.flags import (
 )
 from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
 
-# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags (a type, ON, OFF).
+# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The script's
+# switches are BOOL here: --x as in the script, and --no-x to turn off what a preset turns on.
 _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--train-backend", "parallel.train_backend", str),
     ("--actor-num-nodes", "cluster.actor_num_nodes", int),
     ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
     ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
     ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
-    ("--colocate", "cluster.colocate", ON),
+    ("--colocate", "cluster.colocate", BOOL),
     ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
     ("--hf-checkpoint", "model.hf_checkpoint", str),
     ("--ref-load", "model.ref_load", str),
@@ -42,7 +44,7 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--custom-rm-path", "rollout.custom_rm_path", str),
     ("--prompt-data", "tau.prompt_data", str),
     ("--input-key", "tau.input_key", str),
-    ("--rollout-shuffle", "loop.rollout_shuffle", ON),
+    ("--rollout-shuffle", "loop.rollout_shuffle", BOOL),
     ("--num-rollout", "loop.num_rollout", int),
     ("--rollout-batch-size", "loop.rollout_batch_size", int),
     ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
@@ -53,7 +55,7 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
     ("--rollout-temperature", "rollout.rollout_temperature", float),
     ("--seq-length", "parallel.seq_length", int),
-    ("--use-kl-loss", "loss.use_kl_loss", ON),
+    ("--use-kl-loss", "loss.use_kl_loss", BOOL),
     ("--kl-loss-coef", "loss.kl_loss_coef", float),
     ("--kl-loss-type", "loss.kl_loss_type", str),
     ("--entropy-coef", "loss.entropy_coef", float),
@@ -66,7 +68,7 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--adam-beta1", "optimizer.adam_beta1", float),
     ("--adam-beta2", "optimizer.adam_beta2", float),
     ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
-    ("--sequence-parallel", "parallel.sequence_parallel", ON),
+    ("--sequence-parallel", "parallel.sequence_parallel", BOOL),
     ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
     ("--context-parallel-size", "parallel.context_parallel_size", int),
     ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
@@ -74,18 +76,18 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--recompute-granularity", "parallel.recompute_granularity", str),
     ("--recompute-method", "parallel.recompute_method", str),
     ("--recompute-num-layers", "parallel.recompute_num_layers", int),
-    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", ON),
+    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", BOOL),
     ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
     ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
     ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
-    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", ON),
+    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", BOOL),
     ("--vllm-max-model-len", "rollout.vllm_max_model_len", int),
     ("--attention-dropout", "parallel.attention_dropout", float),
     ("--hidden-dropout", "parallel.hidden_dropout", float),
-    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", ON),
-    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", ON),
+    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", BOOL),
+    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
     ("--attention-backend", "parallel.attention_backend", str),
-    ("--use-flash-attn", "parallel.use_flash_attn", ON),
+    ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
 ]
 # Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch.
 _ARCH_FLAGS: list[tuple[str, Any]] = [
