@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -13,24 +15,37 @@ from aiohttp import web
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.http_router import HttpRouter, build_parser, main
 from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.testing import FakeEngine
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator:
-    runners: list[web.AppRunner] = []
+@pytest.fixture(params=["fast", "aiohttp"])
+async def serve(request: pytest.FixtureRequest) -> AsyncIterator:
+    """Start the router over engines: its own server (what ``turnrl-router serve`` runs)
+    or its aiohttp application; every test runs against both."""
+    closers: list[Callable[[], Awaitable[None]]] = []
 
     async def start(engines: list[str], **kw: object) -> str:
         router = Router(engines, RouterConfig(health_interval=0, open_cooldown=0.2))
-        runner = web.AppRunner(HttpRouter(router, **kw).app())  # type: ignore[arg-type]
-        await runner.setup()
+        http = HttpRouter(router, **kw)  # type: ignore[arg-type]
         port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
+        if request.param == "fast":
+            server = await http.serve("127.0.0.1", port)
+
+            async def close() -> None:
+                server.close()
+                await http.close()
+
+            closers.append(close)
+        else:
+            runner = web.AppRunner(http.app())
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            closers.append(runner.cleanup)
         return f"http://127.0.0.1:{port}"
 
     yield start
-    for runner in runners:
-        await runner.cleanup()
+    for close in closers:
+        await close()
 
 
 async def test_completions_pass_through_and_stick_by_session_header(make_engine, serve):
@@ -169,3 +184,159 @@ def test_cli_requires_engines_and_urls(capsys):
         ["serve", "--engine", "http://a:1", "--engine", "http://b:2", "--port", "9000"]
     )
     assert args.engine == ["http://a:1", "http://b:2"] and args.port == 9000
+
+
+async def test_v1_bodies_pass_untouched_and_stay_abortable(make_engine, serve):
+    """/v1/* bodies are not parsed: the id is the caller's X-Request-Id or made up, and the
+    engine files the request under it, so an abort by session still finds it."""
+    engine = await make_engine(token_delay=0.01)
+    url = await serve([engine.url])
+    body = b'{"prompt": "x", "max_tokens": 2000, "stream": true}'
+
+    async def stream(http: aiohttp.ClientSession, session: str, rid: str | None) -> str:
+        headers = {"x-session-id": session, "Content-Type": "application/json"}
+        if rid is not None:
+            headers["X-Request-Id"] = rid
+        async with http.post(url + "/v1/completions", data=body, headers=headers) as r:
+            assert r.status == 200
+            return (await r.read()).decode()
+
+    async with aiohttp.ClientSession() as http:
+        for session, rid in (("named", "my-id"), ("anonymous", None)):
+            task = asyncio.create_task(stream(http, session, rid))
+            while not engine.running:
+                await asyncio.sleep(0.01)
+            if rid is not None:
+                assert list(engine.running) == [f"cmpl-{rid}-0"]
+            async with http.post(url + "/abort_requests", json={"session_id": session}) as r:
+                assert r.status == 200 and (await r.json()) == {"aborted": 1, "sends": 1}
+            assert task.done() and '"finish_reason": "abort"' in task.result()
+        # A body naming its request_id is parsed for it (as before).
+        payload = {"prompt": "x", "request_id": "from-body"}
+        async with http.post(url + "/v1/chat/completions", json=payload) as r:
+            assert (await r.json())["id"] == "chatcmpl-from-body"
+        async with http.post(url + "/v1/completions", data=b'{"prompt": "\\r\\n"}') as r:
+            assert r.status == 200  # untouched, whatever its bytes
+    assert engine.requests[-1] == {"prompt": "\r\n"}
+
+
+async def test_engine_death_mid_stream_cuts_the_stream_and_is_not_retried(make_engine, serve):
+    engine = await make_engine(token_delay=0.02)
+    other = await make_engine()
+    url = await serve([engine.url, other.url])
+    body = {"token_ids": [1], "sampling_params": {"max_tokens": 2000}, "stream": True}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + "/inference/v1/generate", json=body, headers={"x-session-id": "s"}) as r,
+    ):
+        assert r.status == 200
+        await r.content.readuntil(b"\n\n")  # a token arrived: no retry from here on
+        if not engine.running:  # the first pick was the other engine: kill that one
+            engine, other = other, engine
+        await engine.kill()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    assert other.requests == []  # not retried once tokens were relayed
+
+
+async def test_client_disconnect_ends_the_engine_request(make_engine, serve):
+    engine = await make_engine(token_delay=0.01)
+    url = await serve([engine.url])
+    body = {"token_ids": [1], "sampling_params": {"max_tokens": 5000}, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(url + "/inference/v1/generate", json=body)
+        await r.content.readuntil(b"\n\n")
+        assert engine.running
+        r.close()  # drop the connection mid-stream
+    for _ in range(200):
+        if not engine.running:
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.running, "the engine still generates for a caller that left"
+
+
+async def test_engine_closing_idle_keep_alive_connections_is_no_failure(make_engine, serve):
+    engine = await make_engine(keepalive_timeout=0.1)
+    url = await serve([engine.url])
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(url + "/v1/completions", json={"prompt": "x"}) as r:
+                assert r.status == 200
+            await asyncio.sleep(0.3)  # the engine closes the idle upstream connection
+        async with http.get(url + "/engines") as r:
+            state = (await r.json())[engine.url]
+    assert state["errors_total"] == 0 and state["requests_total"] == 3
+
+
+async def test_raw_http11_chunked_body_expect_continue_pipelining_and_close(make_engine, serve):
+    engine = await make_engine()
+    url = await serve([engine.url])
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = b'{"prompt": "chunked"}'
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        + b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n"
+        + b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{}"
+    )
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 10)  # to EOF: the last asked to close
+    writer.close()
+    assert raw.count(b"HTTP/1.1 200 OK") == 3, raw
+    assert b"healthy_engines" in raw and raw.count(b'"model": "fake"') == 2
+    assert engine.requests == [{"prompt": "chunked"}, {}]
+
+
+async def test_unknown_routes_and_methods_answer_json(make_engine, serve):
+    engine = await make_engine()
+    url = await serve([engine.url])
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/nope") as r:
+            assert r.status == 404
+        async with http.get(url + "/v1/completions") as r:
+            assert r.status == 405
+        headers = {"X-Request-Id": "a" * 600}
+        async with http.post(url + "/v1/completions", data=b"", headers=headers) as r:
+            assert r.status == 400 and "request_id" in (await r.json())["error"]
+
+
+def test_cli_serves_until_sigterm(tmp_path):
+    """``turnrl-router serve`` (uvloop where installed) relays, then exits on SIGTERM."""
+
+    async def run() -> None:
+        engine = await FakeEngine().start()
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "turnrl.rollout_router.http_router",
+            "serve",
+            "--engine",
+            engine.url,
+            "--port",
+            str(port),
+        )
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(300):
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.05)
+                body = {"prompt": "x", "stream": True}
+                async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+                    assert r.status == 200 and b"[DONE]" in await r.read()
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await engine.kill()
+
+    asyncio.run(run())

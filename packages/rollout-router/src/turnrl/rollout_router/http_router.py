@@ -13,6 +13,13 @@ has been sent back to the caller. Also serves:
 - ``GET /health`` (200 while at least one engine's circuit is closed, else 503),
   ``GET /metrics`` (Prometheus text), ``GET /engines`` (JSON per engine).
 
+The engine files a request under the id the router sends as ``X-Request-Id`` (and, for
+``/inference/v1/generate``, writes into the body): the body's ``request_id``, else the
+caller's ``X-Request-Id``, else a fresh one. Other bodies are relayed byte for byte, not
+parsed. ``turnrl-router serve`` runs :meth:`HttpRouter.serve`, a small HTTP/1.1 relay
+(:mod:`turnrl.rollout_router.http11`) on uvloop; :meth:`HttpRouter.app` is the same routes
+as an aiohttp application, to embed.
+
 This is what litellm user simulators and evaluation tools talk to.
 """
 
@@ -20,14 +27,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
+import signal
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
+import httptools
 from aiohttp import web
+from multidict import CIMultiDict
 
 from turnrl.rollout_router.client import ABORT_RESEND_S, ENGINE_ID_PREFIX
+from turnrl.rollout_router.http11 import (
+    HOP_HEADERS,
+    EnginePool,
+    Headers,
+    Request,
+    ServerConnection,
+)
 from turnrl.rollout_router.protocol import (
     EngineUnavailableError,
     NoEngineAvailableError,
@@ -35,14 +56,17 @@ from turnrl.rollout_router.protocol import (
 )
 from turnrl.rollout_router.router import CLOSED, EngineState, Router, RouterConfig
 
+log = logging.getLogger(__name__)
+
 PASS_THROUGH = ("/v1/completions", "/v1/chat/completions", "/inference/v1/generate")
+GENERATE = "/inference/v1/generate"
 SESSION_HEADER = "x-session-id"
-_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 # Most prompts of one /v1/completions call aborted by id (vLLM files them as cmpl-<id>-<i>).
 _MAX_PROMPTS_ABORTED = 16
+_MAX_BODY = 256 * 1024 * 1024
 
 
-@dataclass
+@dataclass(eq=False)
 class _Proxied:
     request_id: str
     session_id: str | None
@@ -51,126 +75,364 @@ class _Proxied:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class _ClientGoneError(Exception):
+    """The caller went away mid-response (not the engine's fault)."""
+
+
 def _engine_ids(request_id: str) -> list[str]:
     """Every id vLLM may file a proxied request under."""
     ids = [ENGINE_ID_PREFIX + request_id, f"chatcmpl-{request_id}"]
     return ids + [f"cmpl-{request_id}-{i}" for i in range(_MAX_PROMPTS_ABORTED)]
 
 
-class HttpRouter:
-    """The aiohttp application around a :class:`Router`."""
+class _Sink(Protocol):
+    """Where a proxied response goes (the fast server's connection, or aiohttp's)."""
 
-    def __init__(self, router: Router, *, drain_timeout: float = 10.0) -> None:
+    def respond(self, status: int, headers: Headers, body: bytes) -> None: ...
+    def respond_json(self, status: int, payload: object) -> None: ...
+    def start(self, status: int, headers: Headers) -> Coroutine[Any, Any, None] | None: ...
+    def write(self, chunk: bytes) -> Coroutine[Any, Any, None] | None: ...
+    def end(self) -> Coroutine[Any, Any, None] | None: ...
+    async def drain(self) -> None: ...
+
+
+class _AiohttpSink:
+    """A :class:`_Sink` for the aiohttp application."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    def respond(self, status: int, headers: Headers, body: bytes) -> None:
+        self.response = web.Response(status=status, body=body, headers=_str_headers(headers))
+
+    def respond_json(self, status: int, payload: object) -> None:
+        self.response = web.json_response(payload, status=status)
+
+    async def start(self, status: int, headers: Headers) -> None:
+        self.response = web.StreamResponse(status=status, headers=_str_headers(headers))
+        try:
+            await self.response.prepare(self.request)
+        except ConnectionResetError as exc:
+            raise _ClientGoneError(str(exc)) from exc
+
+    async def write(self, chunk: bytes) -> None:
+        assert self.response is not None
+        try:
+            await self.response.write(chunk)
+        except ConnectionResetError as exc:
+            raise _ClientGoneError(str(exc)) from exc
+
+    async def end(self) -> None:
+        assert self.response is not None
+        try:
+            await self.response.write_eof()
+        except ConnectionResetError as exc:
+            raise _ClientGoneError(str(exc)) from exc
+
+    async def drain(self) -> None:
+        return None  # write() waits for the client already
+
+
+def _str_headers(headers: Headers) -> CIMultiDict[str]:
+    return CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in headers)
+
+
+def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("utf-8", "surrogateescape")
+
+
+class HttpRouter:
+    """The HTTP front of a :class:`Router`: :meth:`serve` (the fast server that
+    ``turnrl-router serve`` runs) or :meth:`app` (the same routes as an aiohttp
+    application, to embed)."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        drain_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+        max_body: int = _MAX_BODY,
+    ) -> None:
         self.router = router
         """The routing core."""
         self.drain_timeout = drain_timeout
         """Seconds ``/abort_requests`` waits for aborted requests to end."""
-        self._proxied: dict[str, _Proxied] = {}
+        self.connect_timeout = connect_timeout
+        """Seconds to connect to an engine."""
+        self.read_timeout = read_timeout
+        """Seconds an engine may stay silent while it owes a response."""
+        self.max_body = max_body
+        """Largest request body :meth:`serve` takes (bytes)."""
+        self._proxied: set[_Proxied] = set()
         self._http: aiohttp.ClientSession | None = None
+        self._pools: dict[str, EnginePool] = {}
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._ids = 0
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the router's health loop and the client for control calls."""
+        if self._http is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
+            self._http = aiohttp.ClientSession(
+                timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+            )
+        await self.router.start()
+
+    async def close(self) -> None:
+        """Stop the router and close every engine connection."""
+        await self.router.close()
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def serve(
+        self, host: str = "127.0.0.1", port: int = 8080, *, reuse_port: bool = False
+    ) -> asyncio.Server:
+        """Start the router and serve it on ``host:port``; stop with ``server.close()``
+        and :meth:`close`."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(
+            lambda: ServerConnection(self._handle, self.max_body),
+            host,
+            port,
+            backlog=1024,
+            reuse_port=reuse_port or None,
+        )
 
     def app(self) -> web.Application:
-        """The web application (routes, startup and cleanup hooks)."""
-        app = web.Application()
+        """The same routes as an aiohttp application (startup and cleanup hooks)."""
+        app = web.Application(client_max_size=self.max_body)
         for path in PASS_THROUGH:
-            app.router.add_post(path, self._proxy)
-        app.router.add_post("/abort_requests", self._abort)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/engines", self._engines)
+            app.router.add_post(path, self._aiohttp_proxy)
+        app.router.add_post("/abort_requests", self._aiohttp_abort)
+        app.router.add_get("/health", self._aiohttp_health)
+        app.router.add_get("/metrics", self._aiohttp_metrics)
+        app.router.add_get("/engines", self._aiohttp_engines)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
 
     async def _startup(self, _: web.Application) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=600.0)
-        self._http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
-        await self.router.start()
+        await self.start()
 
     async def _cleanup(self, _: web.Application) -> None:
-        await self.router.close()
-        if self._http is not None:
-            await self._http.close()
+        await self.close()
+
+    # ------------------------------------------------------------ fast server
+    async def _handle(self, conn: ServerConnection, request: Request) -> None:
+        try:
+            await self._route(conn, request)
+        except Exception as exc:  # a bug: answer 500 if nothing was sent, else cut it short
+            log.exception("turnrl-router: %s %s failed", request.method, request.path)
+            if conn.started:
+                conn.close()
+            else:
+                conn.respond_json(500, {"error": f"router error: {exc!r}"})
+
+    async def _route(self, conn: ServerConnection, request: Request) -> None:
+        path, method = request.path, request.method
+        if path in PASS_THROUGH:
+            if method != b"POST":
+                conn.respond_json(405, {"error": f"{path} takes POST"})
+                return
+            headers = request.headers
+            try:
+                await self._proxy(
+                    path,
+                    request.body,
+                    _header(headers, b"x-session-id"),
+                    headers.get(b"authorization"),
+                    _header(headers, b"x-request-id"),
+                    conn,
+                )
+            except PartialGenerationError:
+                conn.close()  # headers already sent: cut the stream short
+            return
+        if path == "/abort_requests":
+            if method != b"POST":
+                conn.respond_json(405, {"error": f"{path} takes POST"})
+                return
+            conn.respond_json(*await self._abort_body(request.body))
+        elif path in ("/health", "/metrics", "/engines"):
+            if method not in (b"GET", b"HEAD"):
+                conn.respond_json(405, {"error": f"{path} takes GET"})
+            elif path == "/health":
+                conn.respond_json(*self._health_body())
+            elif path == "/metrics":
+                conn.respond_text(200, self.router.prometheus())
+            else:
+                conn.respond_json(200, self.router.metrics())
+        else:
+            conn.respond_json(404, {"error": f"no route {path}"})
 
     # ------------------------------------------------------------ pass-through
-    async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        try:
-            payload = json.loads(body) if body else {}
-        except json.JSONDecodeError as exc:
-            return web.json_response({"error": f"request body is not JSON: {exc}"}, status=400)
-        if not isinstance(payload, dict):
-            return web.json_response({"error": "request body must be a JSON object"}, status=400)
-        rid = str(payload.get("request_id") or uuid.uuid4().hex)
-        if request.path == "/inference/v1/generate":
-            payload["request_id"] = rid
-            body = json.dumps(payload).encode()
-        session_id = request.headers.get(SESSION_HEADER)
+    def _new_id(self) -> str:
+        self._ids += 1
+        return f"{self._id_prefix}{self._ids:x}"
+
+    def _prepare(self, path: str, body: bytes, header_id: str | None) -> tuple[str, bytes] | str:
+        """The request id and the body to send, or why the request is refused.
+
+        Only ``/inference/v1/generate`` bodies (the id goes in there) and bodies that name a
+        ``request_id`` are parsed; other bodies go through untouched, their id taken from
+        an ``X-Request-Id`` header or made up (the engine files the request under the
+        ``X-Request-Id`` the router sends, which is what aborts use)."""
+        if path == GENERATE or b'"request_id"' in body:
+            try:
+                payload = json.loads(body) if body else {}
+            except ValueError as exc:
+                return f"request body is not JSON: {exc}"
+            if not isinstance(payload, dict):
+                return "request body must be a JSON object"
+            given = payload.get("request_id")
+            rid = str(given or header_id or self._new_id())
+            if path == GENERATE and given != rid:
+                payload["request_id"] = rid
+                body = json.dumps(payload).encode()
+        else:
+            if body and (body[:1] != b"{" or body[-1:] != b"}"):
+                stripped = body.strip()
+                if stripped and (stripped[:1] != b"{" or stripped[-1:] != b"}"):
+                    return "request body must be a JSON object"
+            rid = header_id or self._new_id()
+        if not (rid.isascii() and rid.isprintable()) or len(rid) > 512:
+            return "request_id must be printable ASCII (at most 512 characters)"
+        return rid, body
+
+    async def _proxy(
+        self,
+        path: str,
+        body: bytes,
+        session_id: str | None,
+        auth: bytes | None,
+        header_id: str | None,
+        sink: _Sink,
+    ) -> None:
+        """Relay one request to an engine the router picks; answer through ``sink``."""
+        prepared = self._prepare(path, body, header_id)
+        if isinstance(prepared, str):
+            sink.respond_json(400, {"error": prepared})
+            return
+        rid, body = prepared
         entry = _Proxied(rid, session_id, task=asyncio.current_task())
-        self._proxied[rid] = entry
-        headers = {"Content-Type": "application/json", "X-Request-Id": rid}
-        if auth := request.headers.get("Authorization"):
-            headers["Authorization"] = auth
+        self._proxied.add(entry)
+        headers = b"Content-Type: application/json\r\nX-Request-Id: %s\r\n" % rid.encode()
+        if auth is not None:
+            headers += b"Authorization: %s\r\n" % auth
+        target = path.encode()
+
+        async def forward(e: EngineState) -> None:
+            entry.engine = e.url
+            await self._forward(e.url, target, body, headers, sink)
+
         try:
-
-            async def forward(e: EngineState) -> web.StreamResponse:
-                entry.engine = e.url
-                return await self._forward(request, e.url + request.path, body, headers)
-
-            return await self.router.call(session_id, forward)
+            await self.router.call(session_id, forward)
         except NoEngineAvailableError as exc:
-            return web.json_response({"error": str(exc)}, status=503)
-        except PartialGenerationError as exc:  # headers already sent: end the stream
-            raise ConnectionResetError(str(exc)) from exc
+            sink.respond_json(503, {"error": str(exc)})
         finally:
-            del self._proxied[rid]
+            self._proxied.discard(entry)
             entry.done.set()
 
+    def _pool(self, url: str) -> EnginePool:
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = EnginePool(url, self.connect_timeout, self.read_timeout)
+        return pool
+
     async def _forward(
-        self, request: web.Request, url: str, body: bytes, headers: dict[str, str]
-    ) -> web.StreamResponse:
-        assert self._http is not None
-        started: web.StreamResponse | None = None
+        self, url: str, path: bytes, body: bytes, headers: bytes, sink: _Sink
+    ) -> None:
+        pool = self._pool(url)
         try:
-            async with self._http.post(url, data=body, headers=headers) as upstream:
-                if upstream.status >= 500:
-                    text = await upstream.text()
-                    raise EngineUnavailableError(f"{url} -> HTTP {upstream.status}: {text[:300]}")
-                out_headers = {
-                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
-                }
-                if "text/event-stream" not in upstream.headers.get("Content-Type", ""):
-                    data = await upstream.read()
-                    return web.Response(status=upstream.status, body=data, headers=out_headers)
-                started = web.StreamResponse(status=upstream.status, headers=out_headers)
-                await started.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await started.write(chunk)
-                await started.write_eof()
-                return started
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if started is None:
+            conn = await pool.request(path, body, headers)
+        except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+            raise EngineUnavailableError(f"{url}: {exc!r}") from exc
+        started = False
+        try:
+            if conn.status >= 500:
+                text = (await conn.read_body())[:300].decode("utf-8", "replace")
+                raise EngineUnavailableError(f"{url} -> HTTP {conn.status}: {text}")
+            out: Headers = [(n, v) for n, v in conn.headers if n.lower() not in HOP_HEADERS]
+            if not conn.event_stream:
+                sink.respond(conn.status, out, await conn.read_body())
+                return
+            started = True
+            await _maybe(sink.start(conn.status, out))
+            while (chunk := await conn.next_chunk()) is not None:
+                await _maybe(sink.write(chunk))
+                await sink.drain()
+            await _maybe(sink.end())
+        except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+            if not started:
                 raise EngineUnavailableError(f"{url}: {exc!r}") from exc
             raise PartialGenerationError(f"{url} failed mid-stream: {exc!r}", None) from exc
+        finally:
+            pool.release(conn)
+
+    # ------------------------------------------------------------ aiohttp application
+    async def _aiohttp_proxy(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        sink = _AiohttpSink(request)
+        headers = request.headers
+        auth = headers.get("Authorization")
+        try:
+            await self._proxy(
+                request.path,
+                body,
+                headers.get(SESSION_HEADER),
+                None if auth is None else auth.encode("utf-8", "surrogateescape"),
+                headers.get("X-Request-Id"),
+                sink,
+            )
+        except (PartialGenerationError, _ClientGoneError) as exc:
+            raise ConnectionResetError(str(exc)) from exc  # headers already sent: end it
+        assert sink.response is not None
+        return sink.response
+
+    async def _aiohttp_abort(self, request: web.Request) -> web.Response:
+        status, payload = await self._abort_body(await request.read())
+        return web.json_response(payload, status=status)
+
+    async def _aiohttp_health(self, _: web.Request) -> web.Response:
+        status, payload = self._health_body()
+        return web.json_response(payload, status=status)
+
+    async def _aiohttp_metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.router.prometheus(), content_type="text/plain")
+
+    async def _aiohttp_engines(self, _: web.Request) -> web.Response:
+        return web.json_response(self.router.metrics())
 
     # ------------------------------------------------------------ control routes
-    async def _abort(self, request: web.Request) -> web.Response:
+    async def _abort_body(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
-            payload = await request.json() if request.can_read_body else {}
-        except json.JSONDecodeError:
-            return web.json_response({"error": "body must be JSON"}, status=400)
+            payload = json.loads(body) if body.strip() else {}
+        except ValueError:
+            return 400, {"error": "body must be JSON"}
         if not isinstance(payload, dict):
-            return web.json_response({"error": "body must be a JSON object"}, status=400)
+            return 400, {"error": "body must be a JSON object"}
         session_id = payload.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
-            return web.json_response({"error": "session_id must be a string"}, status=400)
-        targets = [
-            p for p in self._proxied.values() if session_id is None or p.session_id == session_id
-        ]
+            return 400, {"error": "session_id must be a string"}
+        targets = [p for p in self._proxied if session_id is None or p.session_id == session_id]
         try:
             aborted, sends = await self.abort(targets, everything=session_id is None)
         except TimeoutError as exc:
-            return web.json_response({"error": str(exc)}, status=504)
-        return web.json_response({"aborted": aborted, "sends": sends})
+            return 504, {"error": str(exc)}
+        return 200, {"aborted": aborted, "sends": sends}
+
+    def _health_body(self) -> tuple[int, dict[str, Any]]:
+        up = [e.url for e in self.router.engines if e.circuit == CLOSED]
+        return (200 if up else 503), {"healthy_engines": up}
 
     async def abort(self, targets: list[_Proxied], *, everything: bool) -> tuple[int, int]:
         """Abort proxied requests (and, with ``everything``, all engine requests); drain.
@@ -231,16 +493,6 @@ class HttpRouter:
         async with self._http.post(url, json=body, timeout=limit) as r:
             await r.read()
 
-    async def _health(self, _: web.Request) -> web.Response:
-        up = [e.url for e in self.router.engines if e.circuit == CLOSED]
-        return web.json_response({"healthy_engines": up}, status=200 if up else 503)
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=self.router.prometheus(), content_type="text/plain")
-
-    async def _engines(self, _: web.Request) -> web.Response:
-        return web.json_response(self.router.metrics())
-
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line parser of ``turnrl-router``."""
@@ -262,6 +514,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _maybe(result: Coroutine[Any, Any, None] | None) -> None:
+    if result is not None:
+        await result
+
+
+async def serve_forever(http: HttpRouter, host: str, port: int) -> None:
+    """Serve until SIGINT or SIGTERM, then close."""
+    server = await http.serve(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
+            loop.add_signal_handler(sig, stop.set)
+    print(f"turnrl-router: serving on http://{host}:{port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await http.close()
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop where it is installed (every platform but Windows)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``turnrl-router`` console script."""
     args = build_parser().parse_args(argv)
@@ -273,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
         health_interval=args.health_interval,
     )
     http = HttpRouter(Router(args.engine, config), drain_timeout=args.drain_timeout)
-    web.run_app(http.app(), host=args.host, port=args.port, access_log=None)
+    _run(serve_forever(http, args.host, args.port))
 
 
 if __name__ == "__main__":

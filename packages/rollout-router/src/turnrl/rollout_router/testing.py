@@ -233,19 +233,40 @@ class FakeEngine:
         self.requests.append(body)
         if self.fail_status is not None:
             return web.json_response({"error": "injected failure"}, status=self.fail_status)
-        answer = {
-            "id": "cmpl-" + request.headers.get("X-Request-Id", "x"),
+        request_id = request.headers.get("X-Request-Id", "x")
+        chat = request.path == "/v1/chat/completions"
+        answer: dict[str, Any] = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + request_id,
             "model": self.name,
             "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
         }
         if not body.get("stream"):
             return web.json_response(answer)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(f"data: {json.dumps(answer)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        # Streamed: one chunk per token (max_tokens, default 1), abortable like vLLM by the
+        # id it files the request under (chatcmpl-<id>, cmpl-<id>-<prompt index>).
+        rid = f"chatcmpl-{request_id}" if chat else f"cmpl-{request_id}-0"
+        flag = self.running[rid] = asyncio.Event()
+        if request.transport is not None:
+            self._transports.add(request.transport)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            n = int(body.get("max_tokens") or 1)
+            for i in range(n):
+                if self.token_delay:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(flag.wait(), self.token_delay)
+                last = i == n - 1 or flag.is_set()
+                finish = ("abort" if flag.is_set() else "stop") if last else None
+                chunk = {**answer, "choices": [{"index": 0, "text": "ok", "finish_reason": finish}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if last:
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            del self.running[rid]
 
 
 def _chunk(rid: str, ids: list[int], finish: str | None) -> bytes:
