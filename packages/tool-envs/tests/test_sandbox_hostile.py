@@ -205,3 +205,66 @@ def test_leftover_check_sees_a_live_run(sandbox, isolation):
         time.sleep(0.02)
     thread.join()
     assert seen >= 1
+
+
+def test_every_run_has_a_process_of_its_own(sandbox):
+    """Children are forked ahead of demand, but none ever serves a second run: state a run
+    leaves in its interpreter (globals, builtins, modules) is gone for the next one."""
+    code = (
+        "import builtins, os, sys\n"
+        "print(os.readlink('/proc/self'), hasattr(builtins, 'left_behind'), 'json' in sys.argv)\n"
+        "builtins.left_behind = 1\n"
+        "sys.argv.append('json')"
+    )
+    outs = [run(sandbox, code)["run_result"]["stdout"].split() for _ in range(4)]
+    assert len({pid for pid, *_ in outs}) == 4, outs
+    assert all(rest == ["False", "False"] for _, *rest in outs), outs
+
+
+def test_a_run_cannot_find_a_concurrent_runs_code_or_output(sandbox):
+    """The fork server holds every run's request and output; a child drops its copies right
+    after the fork, so no Python object of another run is reachable from user code."""
+    slow = "import time\nprint('OUTPUT-4711', flush=True)\nx = 'SECRET-4711'\ntime.sleep(2)"
+    thread = threading.Thread(target=run, args=(sandbox, slow))
+    thread.start()
+    time.sleep(0.8)  # the slow run is under way (its output already read by the server)
+    probe = (
+        "import gc\n"
+        "marks = ('SECRET' + '-4711', 'OUTPUT' + '-4711')\n"
+        "def has(v):\n"
+        "    v = v.decode(errors='replace') if isinstance(v, (bytes, bytearray)) else v\n"
+        "    return isinstance(v, str) and any(m in v for m in marks)\n"
+        "found = [o for o in gc.get_objects() if isinstance(o, dict) and any(map(has, o.values()))]\n"
+        "found += [o for o in gc.get_objects() if isinstance(o, list) and any(map(has, o))]\n"
+        "print(len(found))"
+    )
+    assert run(sandbox, probe)["run_result"]["stdout"] == "0\n"
+    thread.join()
+
+
+def test_a_ready_child_killed_from_outside_is_replaced(sandbox, isolation):
+    """The child waiting for the next run dies (OOM killer, an operator): the next run is
+    handed to a fresh child instead of failing."""
+    if not isolation["setuid"]:
+        pytest.skip("the waiting child is told apart from runs by its uid (root) only as root")
+    assert run(sandbox, "print(1)")["run_result"]["stdout"] == "1\n"
+    forkserver = isolation["pid"]
+    deadline = time.monotonic() + 5
+    ready = []
+    while not ready and time.monotonic() < deadline:
+        with open(f"/proc/{forkserver}/task/{forkserver}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+        ready = [pid for pid in children if _uid_of(pid) == 0]
+        time.sleep(0.02)
+    assert len(ready) == 1
+    os.kill(ready[0], 9)
+    for _ in range(3):
+        assert run(sandbox, "print(2)")["run_result"]["stdout"] == "2\n"
+
+
+def _uid_of(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return None

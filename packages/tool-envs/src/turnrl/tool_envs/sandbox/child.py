@@ -1,23 +1,28 @@
 """What runs in the forked child: containment steps, then the user's code.
 
-:func:`run_child` never returns: it either replaces the process (``execve`` for bash and
-for Python in ``exec`` mode) or runs Python in-process and calls ``os._exit``. Any failure
-of the containment steps is written to the run's stderr and ends the child with code 127,
-so a run never silently proceeds without its limits.
+:func:`serve_one_run` is the whole life of a child the fork server forked ahead of demand:
+it gets ready, waits for its one run's plan, then :func:`run_child` either replaces the
+process (``execve`` for bash and for Python in ``exec`` mode) or runs Python in-process and
+calls ``os._exit``. A child never serves a second run. Any failure of the containment
+steps is written to the run's stderr and ends the child with code 127, so a run never
+silently proceeds without its limits.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import importlib
 import json
 import os
 import random
+import resource
 import signal
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 from turnrl.tool_envs.sandbox import limits
 
@@ -25,11 +30,12 @@ LANGUAGES = ("python", "bash")
 _MAIN_FILES = {"python": "main.py", "bash": "main.sh"}
 _PR_SET_PDEATHSIG = 1
 _STATUS_FD = 3
+_libc = ctypes.CDLL(None)
 
 
 @dataclass
 class ChildPlan:
-    """Everything the child needs, decided by the fork server before forking."""
+    """One run, decided by the fork server and sent to a ready child over its plan pipe."""
 
     language: str
     """``python`` or ``bash``."""
@@ -37,10 +43,6 @@ class ChildPlan:
     """The run's own directory (its cwd, HOME and TMPDIR), owned by ``uid``."""
     stdin_path: str
     """File that becomes stdin (opened before dropping privileges; not readable later)."""
-    out_fd: int
-    """Write end of the stdout pipe."""
-    err_fd: int
-    """Write end of the stderr pipe."""
     uid: int | None
     """Unprivileged uid/gid to become, or None when the server is not root."""
     keep_read_search: bool
@@ -51,10 +53,11 @@ class ChildPlan:
     """Address space the code may add on top of the interpreter it starts with."""
     python_mode: str
     """``fork``: run Python in this warm process; ``exec``: start a fresh interpreter."""
-    limits: limits.SandboxLimits
-    """Server-wide limits (process count, file size, open files)."""
-    status_fd: int | None = None
-    """In-process Python: pipe on which the run reports its end before its (slow) exit."""
+
+    @property
+    def in_process(self) -> bool:
+        """Python run in this warm process (it reports its end on the status pipe)."""
+        return self.language == "python" and self.python_mode == "fork"
 
 
 def main_file(language: str) -> str:
@@ -62,18 +65,59 @@ def main_file(language: str) -> str:
     return _MAIN_FILES[language]
 
 
-def run_child(plan: ChildPlan) -> None:
-    """Contain this freshly forked process and run the code in it; never returns."""
+def serve_one_run(
+    plan_fd: int, out_fd: int, err_fd: int, status_fd: int, server_limits: limits.SandboxLimits
+) -> NoReturn:
+    """Body of a freshly forked, not yet used child: get ready, wait for one plan, run it.
+
+    The fork server forks these ahead of demand (so the fork is off the request path); each
+    serves exactly one run and exits. Until its plan arrives the child has done only what
+    every run needs: its pipes on fds 0 (plan), 1 (stdout), 2 (stderr) and 3 (status),
+    every other fd closed, default signal handlers, its own session, death with its server.
+    End of file on the plan pipe (the server discards it or stops) ends it quietly.
+    """
     try:
-        in_process = plan.language == "python" and plan.python_mode == "fork"
-        _redirect(plan)
+        for target, fd in enumerate((plan_fd, out_fd, err_fd, status_fd)):
+            os.dup2(fd, target)
+        os.closerange(_STATUS_FD + 1, os.sysconf("SC_OPEN_MAX"))
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         os.setsid()
+        set_parent_death_signal()
+        base = limits.address_space_bytes()
+        _prepare_python()
+        plan = _read_plan()
+    except BaseException as exc:  # never run code half-prepared
+        os.write(2, f"sandbox: could not start the run: {exc!r}\n".encode())
+        os._exit(127)
+    if plan is None:
+        os._exit(0)
+    run_child(plan, base, server_limits)
+
+
+def _read_plan() -> ChildPlan | None:
+    """The run's plan from fd 0 (one JSON object, then end of file); None at a bare EOF."""
+    data = bytearray()
+    while chunk := os.read(0, 1 << 16):
+        data += chunk
+    return ChildPlan(**json.loads(data)) if data else None
+
+
+def run_child(
+    plan: ChildPlan, base_address_space: int, server_limits: limits.SandboxLimits
+) -> NoReturn:
+    """Contain this ready child for ``plan`` and run the code in it; never returns."""
+    try:
+        in_process = plan.in_process
+        if not in_process:
+            os.close(_STATUS_FD)  # only an in-process run reports; nothing else may write there
+        stdin = os.open(plan.stdin_path, os.O_RDONLY)
+        os.dup2(stdin, 0)
+        os.close(stdin)
         os.chdir(plan.workdir)
-        base = limits.address_space_bytes() if in_process else 0
-        limits.apply_rlimits(plan.limits, plan.cpu_seconds, base + plan.memory_bytes)
+        base = base_address_space if in_process else 0
+        limits.apply_rlimits(server_limits, plan.cpu_seconds, base + plan.memory_bytes)
         if plan.uid is not None:
             limits.drop_privileges(plan.uid, plan.keep_read_search)
         set_parent_death_signal()  # after the uid change, which clears it: dies with its server
@@ -87,8 +131,7 @@ def run_child(plan: ChildPlan) -> None:
         os.write(2, f"sandbox: could not start the run: {exc!r}\n".encode())
         os._exit(127)
     code = _run_python(plan.workdir, env)
-    if plan.status_fd is not None:
-        _report_end(code, dropped_uid=plan.uid is not None)
+    _report_end(code, dropped_uid=plan.uid is not None)
     os._exit(code)
 
 
@@ -100,37 +143,31 @@ def _report_end(code: int, dropped_uid: bool) -> None:
     """
     try:
         if dropped_uid:
-            os.kill(-1, signal.SIGKILL)  # every other process of this run's uid (never us)
+            with contextlib.suppress(ProcessLookupError):  # ESRCH: it left nothing behind
+                os.kill(-1, signal.SIGKILL)  # every other process of this run's uid (never us)
         for fd in (0, 1, 2):
             os.close(fd)
-        cpu = sum(os.times()[:2])
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # precise, unlike os.times' ticks
+        cpu = usage.ru_utime + usage.ru_stime
         os.write(_STATUS_FD, json.dumps({"code": code, "cpu": float(cpu)}).encode())
     except BaseException:
         pass
 
 
-def _redirect(plan: ChildPlan) -> None:
-    stdin = os.open(plan.stdin_path, os.O_RDONLY)
-    os.dup2(stdin, 0)
-    os.dup2(plan.out_fd, 1)
-    os.dup2(plan.err_fd, 2)
-    first_free = 3
-    if plan.status_fd is not None:
-        os.dup2(plan.status_fd, _STATUS_FD)
-        first_free = _STATUS_FD + 1
-    os.closerange(first_free, os.sysconf("SC_OPEN_MAX"))
+def _prepare_python() -> None:
+    """What an in-process run needs that does not depend on its plan (done while waiting)."""
+    os.environ.clear()
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    _reseed()  # this process serves a single run: its entropy is that run's alone
 
 
 def _run_python(workdir: str, env: dict[str, str]) -> int:
     """Run ``main.py`` as ``__main__`` in this process; return its exit code."""
-    os.environ.clear()
     os.environ.update(env)
     sys.argv = ["main.py"]
     sys.path.insert(0, workdir)
-    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    _reseed()
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115  (the run's stdin now)
     code = 0
     try:
         with open("main.py", encoding="utf-8") as f:
@@ -180,7 +217,7 @@ def preload(modules: list[str]) -> None:
 
 def set_parent_death_signal() -> None:
     """Have the kernel kill this process when its parent (HTTP server or fork server) dies."""
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def kill_all_of_uid(uid: int) -> None:

@@ -3,11 +3,20 @@
 The HTTP server starts one or more of these processes (``python -m
 turnrl.tool_envs.sandbox.forkserver --fd N``) and talks to each over a Unix socket pair with
 length-prefixed JSON messages (:mod:`turnrl.tool_envs.sandbox.wire`). The fork server is
-single-threaded: a ``selectors`` loop reads requests, forks a child per run, drains the
-child's stdout/stderr pipes as they fill (capped, never blocking the child), enforces the
-wall clock, reaps the child and answers. Python code runs inside the forked child itself
-(no interpreter start-up, imports already done); bash — and Python in ``exec`` mode, the
-benchmark's baseline — is ``execve``'d in the child after the same containment steps.
+single-threaded: a ``selectors`` loop reads requests, hands each run to a forked child,
+drains the child's stdout/stderr pipes as they fill (capped, never blocking the child),
+enforces the wall clock, reaps the child and answers. Python code runs inside the forked
+child itself (no interpreter start-up, imports already done); bash — and Python in ``exec``
+mode, the benchmark's baseline — is ``execve``'d in the child after the same containment
+steps.
+
+Children are forked ahead of demand: whenever the loop is idle and no ready child is
+waiting, it forks one, which prepares what every run needs and blocks on its plan pipe
+(:func:`~turnrl.tool_envs.sandbox.child.serve_one_run`), so the fork — copying the warm
+interpreter's page tables, the largest single cost of a run — is off the request path.
+A ready child serves exactly one run; right after the fork it drops its copies of the
+server's bookkeeping (other runs' requests and output), so a run cannot find another run's
+code or output among its Python objects.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import gc
+import itertools
 import json
 import os
 import selectors
@@ -32,6 +42,27 @@ from turnrl.tool_envs.sandbox import child, limits, wire
 _READ_CHUNK = 1 << 16
 _KILL_GRACE_S = 0.5  # after the main process is reaped, how long stray pipe holders may live
 _EXIT_GRACE_S = 1.0  # after a run reported its end, how long its exit may take before SIGKILL
+
+
+@dataclass
+class _Ready:
+    """A forked child waiting for its plan (see :func:`child.serve_one_run`)."""
+
+    pid: int
+    pidfd: int
+    plan_w: int
+    out_r: int
+    err_r: int
+    status_r: int
+
+    def close(self) -> None:
+        for fd in (self.pidfd, self.plan_w, self.out_r, self.err_r, self.status_r):
+            if fd >= 0:
+                os.close(fd)
+
+
+_MAX_START_ATTEMPTS = 3
+_FORK_AHEAD_RETRY_S = 1.0
 
 
 @dataclass
@@ -91,7 +122,10 @@ class ForkServer:
         self.queue: list[dict[str, Any]] = []
         self.runs: dict[int, _Run] = {}  # by pid, until answered
         self.exiting: dict[int, _Run] = {}  # answered (reported their end), not reaped yet
+        self.ready: _Ready | None = None  # forked ahead of demand, waiting for its plan
         self.stopping = False
+        self._run_numbers = itertools.count()
+        self._fork_ahead_after = 0.0  # after a failed fork ahead, when to try the next
 
     # ----------------------------------------------------------------- event loop
 
@@ -104,19 +138,35 @@ class ForkServer:
         self._send({"ready": True, "isolation": isolation})
         try:
             while not (self.stopping and not self.runs):
-                self._poll()
+                # Idle (nothing to read, nothing queued) and no ready child: fork one now,
+                # so the next request does not wait for the fork.
+                want_ready = (
+                    self.ready is None
+                    and not self.stopping
+                    and time.monotonic() >= self._fork_ahead_after
+                )
+                events = self._poll(block=not want_ready)
+                self._start_queued()
+                if want_ready and not events and self.ready is None:
+                    try:
+                        self.ready = self._fork_ready()
+                    except OSError:  # out of processes or memory: retry later or on demand
+                        self._fork_ahead_after = time.monotonic() + _FORK_AHEAD_RETRY_S
         finally:
             for run in [*self.runs.values(), *self.exiting.values()]:
                 self._kill(run)
+            self._discard_ready()
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def _poll(self) -> None:
+    def _poll(self, block: bool = True) -> int:
+        """Wait for (at most until the next deadline; without ``block``, poll) and handle events."""
         now = time.monotonic()
         deadlines = [r.deadline for r in self.runs.values() if not _ended(r)]
         deadlines += [r.ended + _KILL_GRACE_S for r in self.runs.values() if _ended(r)]
         deadlines += [r.deadline for r in self.exiting.values()]
         timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        for key, _ in self.selector.select(timeout):
+        events = self.selector.select(timeout if block else 0)
+        for key, _ in events:
             kind, run = key.data
             if kind == "control":
                 self._read_control()
@@ -136,8 +186,24 @@ class ForkServer:
         for run in list(self.exiting.values()):
             if now >= run.deadline:
                 self._kill(run)
-        while self.queue and self.free_uids:
-            self._start(self.queue.pop(0))
+        return len(events)
+
+    def _start_queued(self) -> None:
+        """Start queued requests while run slots are free, each in a ready child.
+
+        Called from the loop's top level, so the stack a child is forked on holds no
+        reference to another run.
+        """
+        while self.queue and self.free_uids and not self.stopping:
+            if self.ready is None:
+                try:
+                    self.ready = self._fork_ready()
+                except OSError as exc:
+                    request = self.queue.pop(0)
+                    self._send({"id": request["id"], "error": f"could not fork the run: {exc}"})
+                    continue
+            ready, self.ready = self.ready, None
+            self._start(self.queue.pop(0), ready)
 
     def _read_control(self) -> None:
         try:
@@ -149,6 +215,7 @@ class ForkServer:
             self.selector.unregister(self.sock)
             for run in self.runs.values():
                 self._kill(run)
+            self._discard_ready()
             return
         self.inbox += data
         for message in wire.take_messages(self.inbox):
@@ -157,9 +224,19 @@ class ForkServer:
     def _send(self, message: dict[str, Any]) -> None:
         if self.stopping:
             return
+        data = wire.encode(message)
+        try:
+            sent = self.sock.send(data)  # one syscall for the usual small answer
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.stopping = True
+            return
+        if sent == len(data):
+            return
         self.sock.setblocking(True)
         try:
-            self.sock.sendall(wire.encode(message))
+            self.sock.sendall(data[sent:])
         except OSError:
             self.stopping = True
         finally:
@@ -167,96 +244,146 @@ class ForkServer:
 
     # ----------------------------------------------------------------- one run
 
-    def _start(self, request: dict[str, Any]) -> None:
+    def _start(self, request: dict[str, Any], ready: _Ready) -> None:
+        """Prepare the run's directory and send its plan to ``ready``, which then runs it."""
         uid = self.free_uids.pop()
-        rundir = tempfile.mkdtemp(dir=self.root)
-        os.chmod(rundir, 0o711)
+        rundir = os.path.join(self.root, f"run-{next(self._run_numbers)}")
         try:
+            os.mkdir(rundir, 0o711)
+            os.chmod(rundir, 0o711)  # whatever the umask: runs may traverse it, not list it
             workdir, stdin_path = self._prepare(request, rundir, uid)
         except (ValueError, OSError) as exc:
             shutil.rmtree(rundir, ignore_errors=True)
             self.free_uids.append(uid)
+            self.ready = ready  # unused: it serves the next run
             self._send({"id": request["id"], "error": f"could not prepare the run: {exc}"})
             return
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_process = request["language"] == "python" and self.python_mode == "fork"
-        status_r, status_w = os.pipe() if in_process else (-1, -1)
         plan = child.ChildPlan(
             language=request["language"],
             workdir=workdir,
             stdin_path=stdin_path,
-            out_fd=out_w,
-            err_fd=err_w,
             uid=uid if self.isolation.setuid else None,
             keep_read_search=self.isolation.read_all_files,
             cpu_seconds=request["run_timeout"],
             memory_bytes=request["memory_mb"] << 20,
             python_mode=self.python_mode,
-            limits=self.config,
-            status_fd=status_w if in_process else None,
         )
-        pid = self._fork(plan)
-        for fd in (out_w, err_w, status_w):
-            if fd >= 0:
-                os.close(fd)
+        try:
+            os.write(ready.plan_w, json.dumps(asdict(plan)).encode())
+        except OSError as exc:  # the ready child died while waiting (killed from outside)
+            self._discard(ready)
+            shutil.rmtree(rundir, ignore_errors=True)
+            self.free_uids.append(uid)
+            attempts = request.get("_attempts", 0) + 1
+            if attempts >= _MAX_START_ATTEMPTS:
+                self._send({"id": request["id"], "error": f"could not start the run: {exc}"})
+            else:
+                self.queue.insert(0, {**request, "_attempts": attempts})
+            return
+        os.close(ready.plan_w)  # end of file: the whole plan is there
         started = time.monotonic()
         run = _Run(
             request=request,
             slot=uid,
             uid=uid,
             rundir=rundir,
-            pid=pid,
-            pidfd=os.pidfd_open(pid),
+            pid=ready.pid,
+            pidfd=ready.pidfd,
             started=started,
             deadline=started + request["run_timeout"],
-            pipes={out_r: "stdout", err_r: "stderr"},
+            pipes={ready.out_r: "stdout", ready.err_r: "stderr"},
         )
-        self.runs[pid] = run
-        for fd in (out_r, err_r):
+        self.runs[run.pid] = run
+        for fd in (ready.out_r, ready.err_r):
             os.set_blocking(fd, False)
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", run))
         self.selector.register(run.pidfd, selectors.EVENT_READ, ("exit", run))
-        if status_r >= 0:
-            self.selector.register(status_r, selectors.EVENT_READ, ("status", run))
+        if plan.in_process:
+            self.selector.register(ready.status_r, selectors.EVENT_READ, ("status", run))
+        else:
+            os.close(ready.status_r)  # the child closed its end too: only in-process runs report
 
-    def _fork(self, plan: child.ChildPlan) -> int:
-        """Fork the run's main process, as PID 1 of a new PID namespace when possible."""
+    def _fork_ready(self) -> _Ready:
+        """Fork a child that gets ready and waits for its plan, as PID 1 of a new PID namespace
+        when possible."""
+        plan_r, plan_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        theirs, ours = (plan_r, out_w, err_w, status_w), (plan_w, out_r, err_r, status_r)
         if self.own_pid_ns is not None:
-            limits.unshare(limits.CLONE_NEWPID)
+            limits.unshare(limits.CLONE_NEWPID)  # our next child is PID 1 of a new namespace
         try:
             pid = os.fork()
         except BaseException:
+            for fd in (*theirs, *ours):
+                os.close(fd)
             if self.own_pid_ns is not None:
                 limits.setns(self.own_pid_ns, limits.CLONE_NEWPID)
             raise
         if pid == 0:
-            child.run_child(plan)  # never returns
+            try:
+                self._forget_other_runs()
+            except BaseException:
+                os._exit(127)
+            child.serve_one_run(*theirs, self.config)  # never returns
         if self.own_pid_ns is not None:
             limits.setns(self.own_pid_ns, limits.CLONE_NEWPID)
-        return pid
+        for fd in theirs:
+            os.close(fd)
+        return _Ready(pid, os.pidfd_open(pid), *ours)
+
+    def _forget_other_runs(self) -> None:
+        """In a new child: drop the server's references to other runs (code, output, files)."""
+        self.selector.close()  # its keys hold the runs
+        self.runs.clear()
+        self.exiting.clear()
+        self.queue.clear()
+        self.inbox.clear()
+
+    def _discard_ready(self) -> None:
+        if self.ready is not None:
+            ready, self.ready = self.ready, None
+            self._discard(ready)
+
+    def _discard(self, ready: _Ready) -> None:
+        """End an unused ready child (closing its plan pipe would too) and reap it."""
+        try:
+            os.kill(ready.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        ready.close()
+        try:
+            os.waitpid(ready.pid, 0)
+        except ChildProcessError:
+            pass
 
     def _prepare(self, request: dict[str, Any], rundir: str, uid: int) -> tuple[str, str]:
         """Create the run's directory (owned by its uid), its input files and its stdin file."""
         workdir = os.path.join(rundir, "work")
         os.mkdir(workdir, 0o700)
-        files: dict[str, str | None] = dict(request.get("files") or {})
-        files[child.main_file(request["language"])] = base64.b64encode(
-            request["code"].encode()
-        ).decode()
-        for name, content in files.items():
+        contents = {
+            name: base64.b64decode(content or "")
+            for name, content in (request.get("files") or {}).items()
+        }
+        contents[child.main_file(request["language"])] = request["code"].encode()
+        owned, nested = [workdir], False
+        for name, data in contents.items():
             path = _inside(workdir, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(base64.b64decode(content or ""))
+            if os.path.dirname(path) != workdir:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                nested = True
+            _write_file(path, data, 0o644)
+            owned.append(path)
         stdin_path = os.path.join(rundir, "stdin")
-        with open(stdin_path, "wb") as f:
-            f.write((request.get("stdin") or "").encode())
-        os.chmod(stdin_path, 0o600)
+        _write_file(stdin_path, (request.get("stdin") or "").encode(), 0o600)  # root's only
         if self.isolation.setuid:
-            for dirpath, dirnames, filenames in os.walk(workdir):
-                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                    os.chown(name, uid, uid)
+            if nested:  # directories made on the way belong to the run too
+                owned = [workdir]
+                for dirpath, dirnames, filenames in os.walk(workdir):
+                    owned += [os.path.join(dirpath, n) for n in dirnames + filenames]
+            for path in owned:
+                os.chown(path, uid, uid)
         return workdir, stdin_path
 
     def _read_pipe(self, run: _Run, fd: int) -> None:
@@ -350,7 +477,9 @@ class ForkServer:
         """Read the requested output files (regular files inside the run's directory only)."""
         workdir = os.path.realpath(os.path.join(run.rundir, "work"))
         fetched: dict[str, str] = {}
-        for name in run.request.get("fetch_files") or []:
+        if not run.request.get("fetch_files"):
+            return fetched
+        for name in run.request["fetch_files"]:
             try:
                 path = os.path.realpath(_inside(workdir, name))
                 if not path.startswith(workdir + os.sep):
@@ -362,6 +491,17 @@ class ForkServer:
             except (OSError, ValueError):
                 continue
         return fetched
+
+
+def _write_file(path: str, data: bytes, mode: int) -> None:
+    """Create (or truncate) ``path`` with ``data``: a few syscalls, no buffered file object."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _ended(run: _Run) -> bool:
