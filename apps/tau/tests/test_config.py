@@ -231,6 +231,11 @@ def test_npu_preset_matches_the_script() -> None:
         *(f"--custom-{x}" for x in ("generate-function-path", "rm-path")),
     )
     argv = [a for a in argv if a not in skip]
+    # --attention-backend flash / --use-flash-attn: MindSpeed's NPU kernels, not here.
+    at = argv.index("--attention-backend")
+    assert argv[at + 1] == "flash" and "--use-flash-attn" in argv
+    argv = [a for i, a in enumerate(argv) if i not in (at, at + 1) and a != "--use-flash-attn"]
+    assert (npu.parallel.attention_backend, npu.parallel.use_flash_attn) == ("local", False)
     assert npu.rollout.custom_generate_function_path is None  # the app's episode loop
     assert npu.rollout.custom_rm_path == "turnrl_app_tau.episodes.batched_tau_rm"
     assert load_function(npu.rollout.custom_rm_path).__name__ == "batched_tau_rm"  # loadable
@@ -242,8 +247,10 @@ def test_npu_preset_matches_the_script() -> None:
 def test_gpu_preset_is_the_npu_run_colocated() -> None:
     gpu, npu = preset("qwen3-4b-gpu").to_dict(), preset("qwen3-4b-npu").to_dict()
     assert gpu["cluster"]["colocate"] and gpu["cluster"]["device"] == "gpu"
-    for section in ("loop", "loss", "optimizer", "rollout", "parallel"):
+    for section in ("loop", "loss", "optimizer", "rollout"):
         assert gpu[section] == npu[section]
+    flash = {"attention_backend": "flash", "use_flash_attn": True}  # Transformer Engine's
+    assert gpu["parallel"] == {**npu["parallel"], **flash}
     assert resolve(["--preset", "qwen3-4b-gpu"], {}).config.cluster.colocate
 
 

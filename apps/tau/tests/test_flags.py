@@ -77,14 +77,38 @@ def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at
         check_supported(resolve(argv, {}).config)
     config = resolve(["--preset", "qwen3-4b-gpu", "--train-backend", "torch"], {}).config
     refused = "\n".join(not_honoured(config))
-    for flag in (
-        "--tensor-model-parallel-size 2",
-        "--train-memory-margin-bytes 4294967296",
-        "--attention-backend",
-    ):
+    for flag in ("--tensor-model-parallel-size 2", "--attention-backend", "--use-flash-attn"):
         assert flag in refused
     with pytest.raises(ValueError, match="cannot honour"):
         check_supported(config)
+    # As the presets are (megatron backend), every setting acts: nothing is refused.
+    for name in ("qwen3-4b-gpu", "qwen3-4b-npu"):
+        assert not_honoured(resolve(["--preset", name], {}).config) == []
+
+
+def test_the_memory_margin_reaches_the_trainer_and_is_refused_on_the_cpu() -> None:
+    from turnrl_app_tau.training import trainer_config
+
+    words = ["--train-memory-margin-bytes", "1024"]
+    on_gpu = resolve([*words, "--device", "gpu"], {}).config
+    assert not not_honoured(on_gpu)
+    assert trainer_config(on_gpu, Path("m")).memory_margin_bytes == 1024
+    with pytest.raises(ValueError, match="--train-memory-margin-bytes 1024: on --device cpu"):
+        check_supported(resolve(words, {}).config)
+
+
+def test_use_flash_attn_is_the_flash_backend_and_auto_is_local_without_te() -> None:
+    from turnrl_app_tau.training import attention_backend
+
+    def backend(*words: str) -> str:
+        return attention_backend(resolve(list(words), {}).config.parallel)
+
+    assert backend("--use-flash-attn") == "flash"
+    assert backend("--attention-backend", "flash", "--use-flash-attn") == "flash"
+    assert backend("--attention-backend", "local") == "local"
+    assert backend() == "local"  # auto, and no Transformer Engine on CUDA here
+    with pytest.raises(ValueError, match="--use-flash-attn contradicts --attention-backend"):
+        backend("--attention-backend", "local", "--use-flash-attn")
 
 
 def test_a_device_setting_is_refused_only_where_the_device_cannot_honour_it() -> None:
@@ -181,8 +205,8 @@ def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
             "3 trainer ranks, not a multiple",
         ),
         (
-            [*MEGATRON_RAY[2:], "2", "--pipeline-model-parallel-size", "2"],
-            "--pipeline-model-parallel-size 2",
+            [*MEGATRON_RAY[2:], "2", "--context-parallel-size", "2"],
+            "--context-parallel-size 2: megatron-core's context-parallel attention",
         ),
     ],
 )
@@ -264,3 +288,21 @@ def test_load_naming_the_start_folder_acts_and_another_is_refused() -> None:
     assert not not_honoured(resolve(same, {}).config)
     refused = not_honoured(resolve(["--hf-checkpoint", "models/q", "--load", "ckpt"], {}).config)
     assert len(refused) == 1 and refused[0].startswith("--load ckpt: a checkpoint other than")
+
+
+def test_megatron_architecture_flags_must_match_the_model(tmp_path: Path) -> None:
+    """The script's model flags act under the megatron backend as a check of the model the
+    bridge reads: the tiny Qwen3's own values pass, another layer count stops the run."""
+    from turnrl_app_tau.main import check_model_split
+
+    from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", TinyModelConfig(num_hidden_layers=2))
+    same = ["--num-layers", "2", "--hidden-size", "128", "--qk-layernorm", "--swiglu"]
+    config = resolve([*MEGATRON_RAY, "1", *same], {}).config
+    assert not not_honoured(config)
+    check_model_split(config, model)
+    config = resolve([*MEGATRON_RAY, "1", "--num-layers", "36", "--qk-layernorm"], {}).config
+    with pytest.raises(ValueError, match=r"--num-layers 36 \(the model has 2\)"):
+        check_model_split(config, model)
+    assert not_honoured(resolve(["--num-layers", "36"], {}).config)  # torch: refused

@@ -153,7 +153,7 @@ def test_sequence_parallel_is_off_without_tensor_parallelism() -> None:
         ),
         (
             {"pipeline_model_parallel_size": 72},
-            "num_hidden_layers (36) is not divisible by --pipeline-model-parallel-size (72)",
+            "--pipeline-model-parallel-size (72) is larger than num_hidden_layers (36)",
         ),
         (
             {"pipeline_model_parallel_size": 5},
@@ -222,14 +222,15 @@ def test_sizes_that_do_not_divide_the_model_are_rejected(
     ("settings", "named"),
     [
         (
-            {"parallel": MegatronParallelConfig(pipeline_model_parallel_size=2)},
-            "--pipeline-model-parallel-size 2",
-        ),
-        (
             {"parallel": MegatronParallelConfig(context_parallel_size=2)},
-            "--context-parallel-size 2",
+            "--context-parallel-size 2: megatron-core's context-parallel attention needs "
+            "Transformer Engine on CUDA",
         ),
         ({"parallel": MegatronParallelConfig(bf16=True)}, "--bf16"),
+        (  # no Transformer Engine on CUDA here
+            {"parallel": MegatronParallelConfig(attention_backend="flash")},
+            "--attention-backend flash: Transformer Engine's attention needs",
+        ),
         ({"top_p": 0.9}, "--rollout-top-p"),
         ({"gradient_checkpointing": True}, "--recompute-granularity"),
     ],
@@ -242,10 +243,12 @@ def test_the_megatron_engine_refuses_what_it_cannot_honour_at_start(
 
     with pytest.raises(ValueError, match=f"train backend megatron: .*{re.escape(named)}"):
         MegatronEngineConfig(model_path="unused", **settings)  # type: ignore[arg-type]
-    MegatronEngineConfig(model_path="unused")  # the defaults are honoured, and TP with SP
+    MegatronEngineConfig(model_path="unused")  # the defaults are honoured, TP with SP, PP
     MegatronEngineConfig(
         model_path="unused",
-        parallel=MegatronParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True),
+        parallel=MegatronParallelConfig(
+            tensor_model_parallel_size=2, sequence_parallel=True, pipeline_model_parallel_size=2
+        ),
     )
 
 
@@ -263,3 +266,22 @@ def test_megatron_available_answers_without_importing_or_raising() -> None:
         installed = True
     assert megatron_available() is installed
     assert not {m for m in set(sys.modules) - before if m.startswith("megatron.core")}
+
+
+def test_the_attention_settings_choose_the_layer_spec_and_reach_megatron() -> None:
+    arch = QwenArchitecture.from_hf_config(QWEN3_4B)
+    local = MegatronParallelConfig()
+    assert local.layer_spec == "local" and local.attention_softmax_in_fp32
+    te = MegatronParallelConfig(attention_backend="fused", attention_softmax_in_fp32=False)
+    assert te.layer_spec == "te"
+    assert transformer_config_kwargs(arch, te)["attention_softmax_in_fp32"] is False
+    parsed, rest = parse_megatron_args(
+        ["--attention-backend", "flash", "--no-attention-softmax-in-fp32", "--x"]
+    )
+    assert (parsed.attention_backend, parsed.attention_softmax_in_fp32, rest) == (
+        "flash",
+        False,
+        ["--x"],
+    )
+    with pytest.raises(ValueError, match="--attention-backend must be one of local, flash"):
+        MegatronParallelConfig(attention_backend="sdpa")

@@ -43,10 +43,13 @@ RTOL = 1e-5
 LOSS = ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28, entropy_coef=0.01)
 
 
-def spread_model(folder: Path) -> Path:
+def spread_model(folder: Path, tie_word_embeddings: bool = False) -> Path:
     """A tiny Qwen3 folder whose weights are re-drawn larger, so log-probs are far from
     uniform and a mis-mapped weight or gradient could not pass."""
-    folder = build_tiny_model(folder, TinyModelConfig(vocab_size=768, hidden_size=64))
+    config = TinyModelConfig(
+        vocab_size=768, hidden_size=64, tie_word_embeddings=tie_word_embeddings
+    )
+    folder = build_tiny_model(folder, config)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     torch.manual_seed(0)
     with torch.no_grad():

@@ -346,3 +346,22 @@ def test_bad_loss_config_is_rejected_by_the_engine_config(kwargs: dict, message:
 def test_missing_model_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         TorchEngine(TorchEngineConfig(model_path=str(tmp_path)))
+
+
+def test_memory_margin_is_refused_on_the_cpu_and_checked_with_mocked_gpu_memory(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU a margin stops the step (nothing to keep free). The device check is shown
+    with a MOCKED GPU: the engine's device set to cuda and ``torch.cuda.mem_get_info``
+    patched (no GPU here); below the margin the step stops before touching the model."""
+    engine = engine_for(tiny, memory_margin_bytes=1024)
+    with pytest.raises(ValueError, match="--train-memory-margin-bytes 1024: the CPU"):
+        engine.train_step(make_batch())
+    assert engine.step == 0
+    monkeypatch.setattr(engine, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (512, 4096))
+    with pytest.raises(MemoryError, match="only 512 bytes of cuda:0 are free"):
+        engine.train_step(make_batch())
+    assert engine.step == 0
+    with pytest.raises(ValueError, match="memory_margin_bytes must be >= 0"):
+        TorchEngineConfig(model_path=str(tiny), memory_margin_bytes=-1)

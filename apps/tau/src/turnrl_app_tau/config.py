@@ -499,8 +499,11 @@ def qwen3_4b_npu() -> TauAppConfig:
             hidden_dropout=0.0,
             accumulate_allreduce_grads_in_fp32=True,
             attention_softmax_in_fp32=True,
-            attention_backend="flash",
-            use_flash_attn=True,
+            # The script's --attention-backend flash / --use-flash-attn are MindSpeed's NPU
+            # fused attention, which turnrl does not patch in: megatron-core's own (local)
+            # attention on torch_npu here; the GPU preset takes Transformer Engine's flash.
+            attention_backend="local",
+            use_flash_attn=False,
             optimizer_name="adam",
             lr_decay_style="constant",
         ),
@@ -555,6 +558,9 @@ def qwen3_4b_gpu() -> TauAppConfig:
     config = qwen3_4b_npu()
     config.preset = "qwen3-4b-gpu"
     config.cluster = dataclasses.replace(config.cluster, device="gpu", colocate=True)
+    config.parallel = dataclasses.replace(
+        config.parallel, attention_backend="flash", use_flash_attn=True
+    )
     return config
 
 

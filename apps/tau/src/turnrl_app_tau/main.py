@@ -85,10 +85,18 @@ _MEGATRON_PARALLEL = (
     "accumulate_allreduce_grads_in_fp32",
 )
 MEGATRON_ACTS = tuple(
-    f"parallel.{name}" for name in (*_MEGATRON_PARALLEL, "attention_dropout", "hidden_dropout")
+    f"parallel.{name}"
+    for name in (
+        *_MEGATRON_PARALLEL,
+        "attention_dropout",
+        "hidden_dropout",
+        "attention_softmax_in_fp32",
+        "attention_backend",
+        "use_flash_attn",
+    )
 )
 """Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
-honour: pipeline and context parallelism)."""
+honour: context parallelism)."""
 PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
 """Settings that only the Ray runner acts on."""
 NOT_HONOURED: dict[str, str] = {
@@ -113,7 +121,6 @@ NOT_HONOURED: dict[str, str] = {
     "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
     "from the checkpoint's config.json",
     **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
-    "cluster.train_memory_margin_bytes": "no trainer checks a device-memory margin yet",
     **dict.fromkeys(
         ["parallel.attention_dropout", "parallel.hidden_dropout"],
         "the torch path keeps the checkpoint's own dropout",
@@ -134,6 +141,8 @@ def not_honoured(config: TauAppConfig) -> list[str]:
             continue
         if dotted in MEGATRON_ACTS and config.parallel.train_backend == "megatron":
             continue
+        if dotted == "model.arch" and config.parallel.train_backend == "megatron":
+            continue  # checked against the model's config.json (check_model_split)
         section, name = dotted.split(".")
         value = values[section][name]
         if value == defaults[section][name]:
@@ -145,6 +154,12 @@ def not_honoured(config: TauAppConfig) -> list[str]:
         else:
             flag = f"{FLAG_OF[dotted]} {value}"
         lines.append(f"{flag}: {why}")
+    margin = config.cluster.train_memory_margin_bytes
+    if config.cluster.device == "cpu" and margin:
+        lines.append(
+            f"--train-memory-margin-bytes {margin}: on --device cpu there is no device memory "
+            "to keep free (the trainer checks it before each step on a GPU or NPU)"
+        )
     utilization = config.rollout.vllm_gpu_memory_utilization
     if (
         config.cluster.device == "cpu"
@@ -240,6 +255,32 @@ def check_model_split(config: TauAppConfig, model: Path) -> None:
     arch = QwenArchitecture.from_hf_config(json.loads((model / "config.json").read_text()))
     trainer = trainer_config(config, model)
     trainer.parallel.check_model(arch)  # type: ignore[attr-defined]  # a MegatronEngineConfig
+    # The script's architecture flags describe the model the bridge reads: they must agree.
+    expected: dict[str, Any] = {
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "ffn_hidden_size": arch.ffn_hidden_size,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_query_groups": arch.num_query_groups,
+        "kv_channels": arch.head_dim,
+        "vocab_size": arch.vocab_size,
+        "rotary_base": arch.rope_theta,
+        "norm_epsilon": arch.rms_norm_eps,
+        "normalization": "RMSNorm",
+        "swiglu": True,
+        "group_query_attention": arch.num_query_groups < arch.num_attention_heads,
+        "use_rotary_position_embeddings": True,
+        "disable_bias_linear": True,
+        "qk_layernorm": arch.qk_layernorm,
+        "untie_embeddings_and_output_weights": not arch.tie_word_embeddings,
+    }
+    wrong = [
+        f"--{key.replace('_', '-')} {value} (the model has {expected[key]})"
+        for key, value in config.model.arch.items()
+        if value != expected[key]
+    ]
+    if wrong:
+        raise ValueError(f"architecture flags that do not match {model}: " + "; ".join(wrong))
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
-from turnrl_app_tau.config import TauAppConfig, TauSettings
+from turnrl_app_tau.config import ParallelConfig, TauAppConfig, TauSettings
 from turnrl_app_tau.data import (
     TaskData,
     TaskUser,
@@ -180,6 +180,7 @@ def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
         "micro_batch_size": config.parallel.micro_batch_size,
         "temperature": config.rollout.rollout_temperature,
         "seed": config.seed,
+        "memory_margin_bytes": config.cluster.train_memory_margin_bytes,
     }
     p = config.parallel
     if p.train_backend != "megatron":
@@ -197,8 +198,32 @@ def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
         recompute_num_layers=p.recompute_num_layers,
         attention_dropout=p.attention_dropout,
         hidden_dropout=p.hidden_dropout,
+        attention_backend=attention_backend(p),
+        attention_softmax_in_fp32=p.attention_softmax_in_fp32,
     )
     return MegatronEngineConfig(**settings, parallel=parallel)
+
+
+def attention_backend(p: ParallelConfig) -> str:
+    """The megatron engine's attention: ``--use-flash-attn`` is ``flash``; ``auto`` is
+    Transformer Engine's choice where it runs (CUDA), else megatron-core's ``local``.
+
+    Raises:
+        ValueError: ``--use-flash-attn`` with another ``--attention-backend``.
+    """
+    backend = p.attention_backend
+    if p.use_flash_attn:
+        if backend not in ("auto", "flash"):
+            raise ValueError(f"--use-flash-attn contradicts --attention-backend {backend}")
+        return "flash"
+    if backend == "auto":
+        import importlib.util
+
+        import torch
+
+        te = importlib.util.find_spec("transformer_engine") is not None
+        return "auto" if te and torch.cuda.is_available() else "local"
+    return backend
 
 
 def loop_config(config: TauAppConfig) -> LoopConfig:

@@ -132,6 +132,10 @@ class QwenArchitecture:
         )
 
 
+ATTENTION_BACKENDS = ("local", "flash", "fused", "unfused", "auto")
+"""``--attention-backend`` values: megatron-core's ``local`` spec, or Transformer Engine's."""
+
+
 @dataclass(frozen=True)
 class MegatronParallelConfig:
     """Model parallelism, recompute and precision; field names follow Megatron's flags."""
@@ -162,6 +166,12 @@ class MegatronParallelConfig:
     fused_kernels: bool = False
     """Megatron's fused CUDA kernels (bias-activation, RoPE, masked softmax, gradient
     accumulation); needs a GPU with apex / Transformer Engine, so off on CPU and NPU."""
+    attention_backend: str = "local"
+    """`--attention-backend`: `local` (megatron-core's own attention modules, the layer
+    spec that runs anywhere, also on the CPU), or Transformer Engine's `flash`, `fused`,
+    `unfused` or `auto` kernels (the TE layer spec; CUDA with transformer-engine only)."""
+    attention_softmax_in_fp32: bool = True
+    """`--attention-softmax-in-fp32`: masking and softmax of the attention scores in fp32."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -171,6 +181,11 @@ class MegatronParallelConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         for name in ("attention_dropout", "hidden_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -203,6 +218,11 @@ class MegatronParallelConfig:
             )
 
     @property
+    def layer_spec(self) -> str:
+        """The layer implementation the attention backend needs: ``local`` or ``te``."""
+        return "local" if self.attention_backend == "local" else "te"
+
+    @property
     def effective_sequence_parallel(self) -> bool:
         """Sequence parallelism as Megatron applies it (off at tensor-parallel size 1)."""
         return self.sequence_parallel and self.tensor_model_parallel_size > 1
@@ -223,6 +243,11 @@ class MegatronParallelConfig:
             ValueError: Naming the first size that does not divide.
         """
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        if pp > arch.num_layers:
+            raise ValueError(
+                f"--pipeline-model-parallel-size ({pp}) is larger than num_hidden_layers "
+                f"({arch.num_layers}): every pipeline stage needs at least one layer"
+            )
         for what, value, size, flag in (
             ("num_attention_heads", arch.num_attention_heads, tp, "tensor"),
             ("num_key_value_heads", arch.num_query_groups, tp, "tensor"),
@@ -249,6 +274,10 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--bf16", action="store_true")
     group.add_argument("--attention-dropout", type=float, default=0.0)
     group.add_argument("--hidden-dropout", type=float, default=0.0)
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="local")
+    group.add_argument(
+        "--attention-softmax-in-fp32", action=argparse.BooleanOptionalAction, default=True
+    )
     return parser
 
 
@@ -315,6 +344,15 @@ def transformer_config_kwargs(
         "recompute_method": parallel.recompute_method,
         "recompute_num_layers": parallel.recompute_num_layers,
         "params_dtype": "bfloat16" if parallel.bf16 else "float32",
+        "attention_softmax_in_fp32": parallel.attention_softmax_in_fp32,
+        # Pipeline schedules: the dtype of the activations sent between stages; micro-batches
+        # of different shapes (their shapes are sent ahead); and the loss handed back is
+        # turnrl's share of the mini-batch loss already, which the schedule must not divide
+        # by the micro-batch count again.
+        "pipeline_dtype": "bfloat16" if parallel.bf16 else "float32",
+        "variable_seq_lengths": parallel.pipeline_model_parallel_size > 1,
+        "moe_token_dispatcher_type": "alltoall",  # no experts; the default refuses the above
+        "calculate_per_token_loss": True,
         "bf16": parallel.bf16,
         "use_cpu_initialization": cpu_initialization,
         "bias_activation_fusion": fused,

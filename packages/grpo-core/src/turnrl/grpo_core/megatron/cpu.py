@@ -1,4 +1,4 @@
-"""Run megatron-core models on the CPU: gloo process group plus five small shims.
+"""Run megatron-core models on the CPU: gloo process group plus small shims.
 
 megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reaches:
 
@@ -19,14 +19,28 @@ megatron-core 0.16 assumes CUDA in a few places that a CPU forward/backward reac
    (`linear_with_grad_accumulation_and_async_allreduce`), whose sequence-parallel backward
    allocates on CUDA too, becomes that gather followed by a plain `F.linear` for CPU
    inputs under sequence parallelism (same forward and gradients, no overlap).
+6. With tied embeddings and pipeline parallelism, `GPTModel` moves the last stage's copy
+   of the embedding to CUDA to all-reduce it with the first stage's
+   (`LanguageModule.setup_embeddings_and_output_layer`); the shim all-reduces it where it is.
+
+Megatron's own pipeline schedule (`get_forward_backward_func`, 1F1B without interleaving)
+runs on the CPU with two more pieces, which `MegatronEngine` passes to it explicitly
+rather than patching:
+
+7. `cpu_p2p_communicator`: Megatron's `P2PCommunicator` whose one transport method
+   (`_communicate`) sends and receives CPU tensors with gloo `isend` / `irecv`, their
+   shapes and dtypes first (Megatron's allocates receive buffers on the current CUDA
+   device and synchronises CUDA).
+8. `cuda_factories_on_cpu`: a `TorchFunctionMode` under which a tensor factory asked for a
+   CUDA tensor makes a CPU one (the schedule counts tokens in a `device="cuda"` tensor).
 
 The attention mask is not shimmed: Megatron's default causal mask is built on CUDA, so
 callers pass an explicit mask (`model.causal_attention_mask`, as `gpt_logprobs` does).
 
 `turnrl.grpo_core.megatron.parallel.model_parallel(device="cpu")` starts a gloo group,
-installs these shims and seeds the tracker; on exit it undoes all of it. Megatron's
-optimizer, DDP wrapper and pipeline schedules stay CUDA-only, so the CPU trains (TP,
-sequence parallel, recompute, DP) for correctness tests, not at scale.
+installs shims 1-6 and seeds the tracker; on exit it undoes all of it. Megatron's
+optimizer and DDP wrapper stay CUDA-only, so the CPU trains (TP, sequence parallel,
+pipeline parallel, recompute, DP) for correctness tests, not at scale.
 """
 
 from __future__ import annotations
@@ -202,6 +216,25 @@ def _cpu_linear(original: Any) -> Any:
     return linear
 
 
+def _cpu_setup_embeddings(original: Any) -> Any:
+    @functools.wraps(original)
+    def setup(self: Any) -> None:
+        in_group = self._is_in_embd_group
+        self._is_in_embd_group = lambda: False  # skips the original's `.cuda()` + all-reduce
+        try:
+            original(self)
+        finally:
+            del self._is_in_embd_group
+        copies = self.share_embeddings_and_output_weights and (
+            self.config.pipeline_model_parallel_size > 1
+        )
+        if copies and torch.distributed.is_initialized() and in_group():
+            weight = self.shared_embedding_or_output_weight()
+            torch.distributed.all_reduce(weight.data, group=self.embd_group)
+
+    return setup
+
+
 _MAPPINGS = {
     "_gather_along_first_dim": _cpu_gather_first,
     "_reduce_scatter_along_first_dim": _cpu_reduce_scatter_first,
@@ -211,14 +244,15 @@ _MAPPINGS = {
 
 @contextlib.contextmanager
 def cpu_shims() -> Iterator[None]:
-    """Install the five CPU shims (RoPE, RNG tracker, scratch buffer, RNG state, SP
-    communication); undo on exit.
+    """Install the six CPU shims (RoPE, RNG tracker, scratch buffer, RNG state, SP
+    communication, tied-embedding copy); undo on exit.
 
     Use after `parallel_state.initialize_model_parallel` (the buffer is replaced then).
     """
     require_megatron()
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.tensor_parallel import layers, mappings
     from megatron.core.tensor_parallel import random as mpu_random
     from megatron.core.utils import GlobalMemoryBuffer
@@ -243,9 +277,12 @@ def cpu_shims() -> Iterator[None]:
         setattr(mappings, name, shim(saved_mappings[name]))
     fused = layers.linear_with_grad_accumulation_and_async_allreduce
     layers.linear_with_grad_accumulation_and_async_allreduce = _cpu_linear(fused)
+    setup_embeddings = LanguageModule.setup_embeddings_and_output_layer
+    LanguageModule.setup_embeddings_and_output_layer = _cpu_setup_embeddings(setup_embeddings)  # type: ignore[method-assign]
     try:
         yield
     finally:
+        LanguageModule.setup_embeddings_and_output_layer = setup_embeddings  # type: ignore[method-assign]
         layers.linear_with_grad_accumulation_and_async_allreduce = fused
         for name, original in saved_mappings.items():
             setattr(mappings, name, original)
@@ -257,3 +294,91 @@ def cpu_shims() -> Iterator[None]:
             mpu_random._get_cuda_rng_state,
             mpu_random._set_cuda_rng_state,
         ) = saved
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def cpu_p2p_communicator(pp_group: Any, config: Any) -> Any:
+    """Megatron's ``P2PCommunicator`` for CPU tensors over gloo (pass it to the schedule).
+
+    Only the transport (``_communicate``) is replaced; the schedule's calls
+    (``recv_forward``, ``send_forward_recv_backward``, ...) are Megatron's. Every message is
+    preceded by its shape and dtype, so micro-batches may differ in shape (what Megatron
+    does under ``variable_seq_lengths``). Receive buffers require grad, as Megatron's do.
+    """
+    return _cpu_p2p_class()(pp_group, config)
+
+
+@functools.cache
+def _cpu_p2p_class() -> type:
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    class CpuP2PCommunicator(P2PCommunicator):  # type: ignore[misc]
+        """Megatron's pipeline p2p communicator with a gloo transport for CPU tensors."""
+
+        def _communicate(
+            self,
+            *,
+            tensor_send_next: torch.Tensor | None,
+            tensor_send_prev: torch.Tensor | None,
+            recv_prev: bool,
+            recv_next: bool,
+            tensor_shape: Any = None,
+            wait_on_reqs: bool = True,
+        ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+            dist = torch.distributed
+            sends = {}
+            if tensor_send_prev is not None:
+                sends["prev"] = (self.prev_rank, tensor_send_prev.detach().contiguous())
+            if tensor_send_next is not None:
+                sends["next"] = (self.next_rank, tensor_send_next.detach().contiguous())
+            peers = {"prev": self.prev_rank, "next": self.next_rank}
+            wanted = [d for d, flag in (("prev", recv_prev), ("next", recv_next)) if flag]
+            # Headers first: [ndim, dims (up to 4), dtype index].
+            headers = {d: torch.zeros(6, dtype=torch.int64) for d in wanted}
+            outgoing = [(peer, _header(t)) for peer, t in sends.values()]  # alive until sent
+            reqs = [dist.isend(h, peer, group=self.pp_group) for peer, h in outgoing]
+            reqs += [dist.irecv(h, peers[d], group=self.pp_group) for d, h in headers.items()]
+            _wait(reqs)
+            received = {}
+            for d, h in headers.items():
+                ndim = int(h[0])
+                shape = [int(x) for x in h[1 : 1 + ndim]]
+                received[d] = torch.empty(shape, dtype=_DTYPES[int(h[5])], requires_grad=True)
+            reqs = [dist.isend(t, peer, group=self.pp_group) for peer, t in sends.values()]
+            reqs += [dist.irecv(b, peers[d], group=self.pp_group) for d, b in received.items()]
+            _wait(reqs)
+            return received.get("prev"), received.get("next"), None
+
+    return CpuP2PCommunicator
+
+
+def _wait(requests: list[Any]) -> None:
+    for request in requests:
+        if request is not None:  # None: this rank is not in the group (never here)
+            request.wait()
+
+
+def _header(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() > 4 or tensor.dtype not in _DTYPES:
+        raise ValueError(f"cannot send a {tensor.dtype} tensor of shape {tuple(tensor.shape)}")
+    dims = list(tensor.shape) + [0] * (4 - tensor.dim())
+    return torch.tensor([tensor.dim(), *dims, _DTYPES.index(tensor.dtype)], dtype=torch.int64)
+
+
+class _CudaFactoriesOnCpu(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_factories_on_cpu() -> Iterator[None]:
+    """Within the block, a torch call asked for a CUDA tensor (``device="cuda"``) makes a
+    CPU tensor: for Megatron's pipeline schedule, which counts tokens in a CUDA tensor."""
+    with _CudaFactoriesOnCpu():
+        yield

@@ -8,14 +8,21 @@ backend: it is a ``TorchEngine`` whose module scores tokens through Megatron
 :meth:`export_hf`), the reference policy and the trainer group use it unchanged.
 
 What is built: tensor parallel (the weights split over the TP group; with or without
-sequence parallel, also on the CPU), data parallel over the
+sequence parallel, also on the CPU), pipeline parallel (the layers split into stages run
+by megatron-core's own 1F1B schedule, ``get_forward_backward_func``; on the CPU with the
+gloo p2p transport of ``cpu.cpu_p2p_communicator``; tied embeddings keep a copy on the
+last stage whose gradient is summed with the first stage's), data parallel over the
 remaining ranks (a plain gradient all-reduce), full or selective activation recompute from
 the Megatron flags, on any device megatron-core runs on (on the CPU through
-``cpu.cpu_shims``, gloo, and a plain torch AdamW on each rank's shard). Checkpoints keep one
-set of keys per TP shard. What is refused at start, naming the setting: pipeline and
-context parallelism, ``--bf16`` and rollout top-p / top-k (the vocab-parallel log-probs are
-those of temperature-scaled full softmax only). Not wired yet: Megatron's DDP (bucketed,
-overlapped reduction) and distributed optimizer.
+``cpu.cpu_shims``, gloo, and a plain torch AdamW on each rank's shard). Under PP every
+rank calls ``compute_logprobs`` / ``train_step``; the last stage's log-probs and metrics
+are broadcast to every stage, so each rank returns the same. Checkpoints keep one set of
+keys per TP x PP shard. What is refused at start, naming the setting: context parallelism
+(megatron-core's CP attention needs Transformer Engine on CUDA), ``--bf16`` and rollout
+top-p / top-k (the vocab-parallel log-probs are those of temperature-scaled full softmax
+only); a pipeline larger than the layers or not dividing them. Not wired yet: Megatron's
+DDP (bucketed, overlapped reduction), distributed optimizer and interleaved (virtual)
+pipeline stages.
 """
 
 from __future__ import annotations
@@ -30,12 +37,17 @@ import torch
 from torch import nn
 
 from turnrl.grpo_core.megatron.config import MegatronParallelConfig, QwenArchitecture
+from turnrl.grpo_core.training.batch import TrainBatch
+from turnrl.grpo_core.training.loss import BatchCounts
 from turnrl.grpo_core.training.policy import load_causal_lm, resolve_dtype, scatter_scores
 from turnrl.grpo_core.training.torch_engine import (
+    LossTally,
     TorchEngine,
     TorchEngineConfig,
+    equalise_micro_batches,
     make_optimizer,
     rank,
+    score_batch,
 )
 
 
@@ -57,16 +69,19 @@ def unsupported(config: MegatronEngineConfig) -> list[str]:
     """What this build of the megatron backend cannot honour in ``config``, one line each."""
     p = config.parallel
     reasons = []
-    sizes = {
-        "--pipeline-model-parallel-size": p.pipeline_model_parallel_size,
-        "--context-parallel-size": p.context_parallel_size,
-    }
-    for flag, size in sizes.items():
-        if size > 1:
-            reasons.append(
-                f"{flag} {size}: the megatron train engine runs one pipeline stage and no "
-                "context parallelism for now (tensor and data parallel are built)"
-            )
+    if p.context_parallel_size > 1:
+        reasons.append(
+            f"--context-parallel-size {p.context_parallel_size}: megatron-core's "
+            "context-parallel attention needs Transformer Engine on CUDA (so not on the CPU "
+            "or the local spec), and this engine does not split sequences over CP ranks; "
+            "tensor, pipeline and data parallel are built"
+        )
+    if p.layer_spec == "te" and not _transformer_engine_on_cuda():
+        reasons.append(
+            f"--attention-backend {p.attention_backend}: Transformer Engine's attention "
+            "needs transformer-engine on a CUDA device (not installed here, or no CUDA); "
+            "--attention-backend local runs megatron-core's own attention"
+        )
     if p.bf16:
         reasons.append(
             "--bf16 would train bfloat16 parameters with no fp32 master copy; set the "
@@ -83,6 +98,12 @@ def unsupported(config: MegatronEngineConfig) -> list[str]:
             "--recompute-granularity / --recompute-method instead"
         )
     return reasons
+
+
+def _transformer_engine_on_cuda() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
 
 
 class MegatronLogProbs(nn.Module):
@@ -106,26 +127,33 @@ class MegatronLogProbs(nn.Module):
 
         Sequences are right-padded: under the causal mask a real token never sees the
         padding after it, so ``attention_mask`` needs no further use.
+
+        Under pipeline parallelism this runs one stage (a later stage's input set by the
+        schedule with ``set_input_tensor``); a stage before the last returns its hidden
+        states instead, the next stage's input.
         """
-        from turnrl.grpo_core.megatron.model import gpt_logprobs
+        from turnrl.grpo_core.megatron.model import gpt_stage_forward
 
         labels = torch.roll(input_ids, -1, dims=1)  # position t predicts token t + 1
-        logp, entropy = gpt_logprobs(
+        scores = gpt_stage_forward(
             self.model,
             input_ids,
             labels,
             temperature=self.temperature,
             return_entropy=return_entropy,
         )
+        if not isinstance(scores, tuple):  # a pipeline stage before the last
+            return scores  # type: ignore[return-value]  # its hidden states, for the next
+        logp, entropy = scores
         select = score_mask[:, 1:].bool()
         logp = scatter_scores(logp[:, :-1][select], select)
         return logp, None if entropy is None else scatter_scores(entropy[:, :-1][select], select)
 
 
 class MegatronEngine(TorchEngine):
-    """Trains a megatron-core ``GPTModel``; one instance per rank. Ranks are ordered as
-    Megatron orders them: the ranks of one TP group are adjacent, so rank ``r`` trains on
-    data-parallel share ``r // TP``."""
+    """Trains a megatron-core ``GPTModel``; one instance per rank. The ranks of one model
+    replica (its TP x PP ranks, TP fastest) are adjacent, so rank ``r`` trains on
+    data-parallel share ``r // (TP x PP)`` (``parallel_layout``)."""
 
     config: MegatronEngineConfig
 
@@ -138,12 +166,16 @@ class MegatronEngine(TorchEngine):
             ValueError: a setting this engine cannot honour (see :func:`unsupported`), or a
                 world size the model-parallel size does not divide.
         """
+        from transformers import AutoConfig
+
         from turnrl.grpo_core.megatron.model import build_gpt_model, load_hf_weights
         from turnrl.grpo_core.megatron.parallel import model_parallel
 
         self.config = config
         self.compute_dtype = resolve_dtype(config.dtype)
         self.step = 0
+        self.arch = QwenArchitecture.from_hf_config(AutoConfig.from_pretrained(config.model_path))
+        config.parallel.check_model(self.arch)  # before any process group starts
         self._groups = contextlib.ExitStack()
         device = self._groups.enter_context(model_parallel(config.parallel, seed=config.seed))
         self.device = torch.device(device)
@@ -151,21 +183,132 @@ class MegatronEngine(TorchEngine):
 
         self.dp_size = ps.get_data_parallel_world_size()
         self.dp_group = ps.get_data_parallel_group() if self.dp_size > 1 else None
-        self.model_parallel_size = ps.get_tensor_model_parallel_world_size()
-        self.model_parallel_rank = ps.get_tensor_model_parallel_rank()
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
         self.tp_group = ps.get_tensor_model_parallel_group()
+        self.pp_size = ps.get_pipeline_model_parallel_world_size()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.last_stage_rank = ps.get_pipeline_model_parallel_last_rank()  # global rank
+        self.is_last_stage = ps.is_pipeline_last_stage()
+        # One replica's shards (checkpoint keys, layout): TP x PP, the TP rank fastest.
+        self.model_parallel_size = self.tp_size * self.pp_size
+        self.model_parallel_rank = (
+            ps.get_pipeline_model_parallel_rank() * self.tp_size
+            + ps.get_tensor_model_parallel_rank()
+        )
+        self.mp_group = ps.get_model_parallel_group()
         torch.manual_seed(config.seed)
         hf = load_causal_lm(config.model_path, torch.float32)
         self.hf_config: Any = hf.config
-        self.arch = QwenArchitecture.from_hf_config(hf.config)
-        config.parallel.check_model(self.arch)
         model = build_gpt_model(self.arch, config.parallel, cpu_initialization=True)
-        load_hf_weights(model, hf.state_dict(), self.arch)
+        load_hf_weights(model, hf.state_dict(), self.arch, config.parallel.layer_spec)  # type: ignore[arg-type]
         self._hf: nn.Module | None = None  # built again on first use of hf_model
         del hf
         self.gpt = model.to(self.device)
         self.module = MegatronLogProbs(self.gpt, config.temperature)
         self.optimizer = make_optimizer(self.module, config.optimizer)
+
+    # -- pipeline parallel: Megatron's schedule over this rank's stage ---------------------
+
+    def _pipeline(self, micro: list[TrainBatch], want_entropy: bool, loss: Any = None) -> list[Any]:
+        """Run Megatron's pipeline schedule (``get_forward_backward_func``: 1F1B without
+        interleaving) over ``micro``, this rank's stage of every micro-batch.
+
+        Each stage runs :class:`MegatronLogProbs` on its part; the schedule sends the
+        hidden states forward and their gradients back. ``loss(mb, (logp, entropy))`` gives
+        the last stage's loss of micro-batch ``mb`` (backward then runs through every
+        stage); with ``loss`` None the schedule only runs forward and the last stage
+        returns each micro-batch's ``(logp, entropy)``. Other stages return ``[]``.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data: Iterator[TrainBatch], model: Any) -> tuple[Any, Any]:
+            mb = next(data)
+            with self._autocast():
+                output = self.module(
+                    mb.input_ids, mb.attention_mask, mb.loss_mask, return_entropy=want_entropy
+                )
+            if loss is None:
+                return output, None  # the last stage keeps the output itself
+            return output, lambda scores: loss(mb, scores)
+
+        kwargs: dict[str, Any] = {}
+        cuda_on_cpu: Any = contextlib.nullcontext()
+        if self.device.type == "cpu":
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            from turnrl.grpo_core.megatron.cpu import cpu_p2p_communicator, cuda_factories_on_cpu
+
+            kwargs["p2p_communicator"] = cpu_p2p_communicator(self.pp_group, self.gpt.config)
+            kwargs["pg_collection"] = ProcessGroupCollection.use_mpu_process_groups(
+                ["tp", "pp", "cp", "embd", "pos_embd", "dp_cp"]
+            )
+            cuda_on_cpu = cuda_factories_on_cpu()
+        first = micro[0].input_ids.shape
+        with cuda_on_cpu:
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter([mb.to(self.device) for mb in micro]),
+                model=self.gpt,
+                num_microbatches=len(micro),
+                seq_length=first[1],  # each micro-batch's shape is sent ahead of it
+                micro_batch_size=first[0],
+                forward_only=loss is None,
+                **kwargs,
+            )
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """``value`` as the last pipeline stage has it, on every stage."""
+        import torch.distributed as dist
+
+        if self.pp_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=self.last_stage_rank, group=self.pp_group)
+        return box[0]
+
+    def _accumulate(
+        self, micro: list[TrainBatch], objective: str, counts: BatchCounts
+    ) -> dict[str, float]:
+        """Without pipeline parallelism, ``TorchEngine``'s loop. With it, the same loss of
+        each micro-batch (``_micro_loss``) on the last stage, through Megatron's schedule;
+        the metrics are the last stage's, sent to every stage."""
+        if self.pp_size == 1:
+            return super()._accumulate(micro, objective, counts)
+        tally = LossTally()
+
+        def loss(mb: TrainBatch, scores: Any) -> tuple[torch.Tensor, torch.Tensor, dict]:
+            logp, entropy = scores
+            value = self._micro_loss(logp, entropy, mb, objective, counts, tally)
+            # (loss, tokens, reported): with calculate_per_token_loss the schedule takes
+            # the loss as it is (it is this micro-batch's share of the mini-batch loss).
+            return value, torch.tensor(mb.num_loss_tokens, dtype=torch.int), {}
+
+        self._pipeline(micro, self._wants_entropy(objective), loss)
+        out = self._reduce_metrics(tally, micro) if self.is_last_stage else None
+        return self._from_last_stage(out)
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, micro_batch_size: int | None = None
+    ) -> torch.Tensor:
+        """``TorchEngine.compute_logprobs``; under pipeline parallelism scored on the last
+        stage and broadcast to every stage (each rank of the group gets the result)."""
+        import torch.distributed as dist
+
+        if self.pp_size == 1:
+            return super().compute_logprobs(batch, micro_batch_size)
+        size = micro_batch_size or self.config.micro_batch_size
+        micro = equalise_micro_batches(list(batch.micro_batches(size)), self.device)
+        scores = iter(self._pipeline(micro, want_entropy=False))
+
+        def scored(mb: TrainBatch) -> torch.Tensor:
+            if self.is_last_stage:
+                return next(scores)[0]
+            return torch.zeros(mb.input_ids.shape)
+
+        out = score_batch(scored, batch, size, self.device)
+        dist.broadcast(out, src=self.last_stage_rank, group=self.pp_group)
+        return out
 
     def _clip_and_step(self) -> float:
         """Finish the gradients as Megatron's ``finalize_model_grads`` does, clip them by
@@ -175,10 +318,15 @@ class MegatronEngine(TorchEngine):
         group, on any device (Megatron's DDP with its bucketed, overlapped reduction and
         the distributed optimizer are not wired). Tensor parallel: the weights every TP rank
         holds whole but sees only part of the work for (the per-head query / key norms;
-        the norms under sequence parallelism) are summed over the TP group. The norm counts
-        each TP shard once and each replicated weight once (``torch``'s clip formula)."""
+        the norms under sequence parallelism) are summed over the TP group. Pipeline
+        parallel with tied embeddings: the first stage's embedding and the last stage's
+        copy (the output layer) sum their gradients over the embedding group. The norm
+        counts each TP shard once, each replicated weight once and the tied copy once
+        (``torch``'s clip formula), summed over the TP x PP ranks of the replica."""
         import torch.distributed as dist
+        from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
 
         named = [(n, p) for n, p in self.gpt.named_parameters() if p.requires_grad]
         for _, p in named:
@@ -186,7 +334,7 @@ class MegatronEngine(TorchEngine):
                 p.grad = torch.zeros_like(p)
         if self.dp_size > 1:
             _all_reduce([p.grad for _, p in named], self.dp_group, mean=True)
-        if self.model_parallel_size > 1:
+        if self.tp_size > 1:
             sp = self.config.parallel.sequence_parallel
             partial = [
                 p.grad
@@ -196,10 +344,17 @@ class MegatronEngine(TorchEngine):
                 or (sp and getattr(p, "sequence_parallel", False))
             ]
             _all_reduce(partial, self.tp_group, mean=False)
-        counted = [p.grad for _, p in named if param_is_not_tensor_parallel_duplicate(p)]
+        if self.pp_size > 1 and self.arch.tie_word_embeddings and ps.is_rank_in_embedding_group():
+            tied = self.gpt.shared_embedding_or_output_weight()
+            dist.all_reduce(tied.grad, group=ps.get_embedding_group())
+        counted = [
+            p.grad
+            for _, p in named
+            if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)
+        ]
         square = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in counted]).sum()
         if self.model_parallel_size > 1:
-            dist.all_reduce(square, group=self.tp_group)
+            dist.all_reduce(square, group=self.mp_group)
         norm = square.sqrt()
         max_norm = self.config.optimizer.clip_grad
         if max_norm > 0:
@@ -229,7 +384,8 @@ class MegatronEngine(TorchEngine):
         rank must call it), as the collective weight sync sends them."""
         from turnrl.grpo_core.megatron.model import export_hf_weights
 
-        for name, tensor in export_hf_weights(self.gpt, self.arch).items():
+        layout = self.config.parallel.layer_spec
+        for name, tensor in export_hf_weights(self.gpt, self.arch, layout).items():  # type: ignore[arg-type]
             yield name, tensor.to(dtype) if dtype is not None else tensor
 
     def export_hf(self, folder: str | Path, dtype: Any = None) -> Path:

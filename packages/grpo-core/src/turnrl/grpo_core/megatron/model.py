@@ -12,6 +12,8 @@
   weights into this rank's shard, and the whole model back as a Hugging Face state dict.
 - `gpt_logprobs(model, input_ids, labels, ...)`: per-token log-probs (and entropy) of
   `labels` with the logits split over tensor-parallel ranks (vocab-parallel, exact).
+- `gpt_stage_forward(...)`: the same for one pipeline stage (hidden states out of a stage
+  before the last), for Megatron's pipeline schedule.
 
 megatron-core is an optional extra: `pip install "turnrl-grpo-core[megatron]"`.
 """
@@ -67,6 +69,11 @@ def build_transformer_config(
     kwargs = transformer_config_kwargs(arch, parallel, cpu_initialization=cpu_initialization)
     kwargs["activation_func"] = torch.nn.functional.silu
     kwargs["params_dtype"] = getattr(torch, kwargs["params_dtype"])
+    kwargs["pipeline_dtype"] = getattr(torch, kwargs["pipeline_dtype"])
+    if parallel.layer_spec == "te":  # Transformer Engine's kernel choice
+        from megatron.core.transformer.enums import AttnBackend
+
+        kwargs["attention_backend"] = AttnBackend[parallel.attention_backend]
     return TransformerConfig(**kwargs)
 
 
@@ -128,7 +135,7 @@ def build_gpt_model(
     arch: QwenArchitecture,
     parallel: MegatronParallelConfig,
     *,
-    spec: SpecLayout = "local",
+    spec: SpecLayout | None = None,
     cpu_initialization: bool = False,
 ) -> Any:
     """A megatron-core `GPTModel` for this rank; model-parallel groups must be initialised.
@@ -136,7 +143,8 @@ def build_gpt_model(
     Args:
         arch: The architecture (`QwenArchitecture.from_hf_config`).
         parallel: Sizes, recompute and precision; must match the initialised groups.
-        spec: Layer implementation: `local` or `te`.
+        spec: Layer implementation: `local` or `te` (default: what
+            `parallel.attention_backend` needs).
         cpu_initialization: Create the parameters on the CPU (needed on a CPU-only machine).
 
     Returns:
@@ -154,9 +162,10 @@ def build_gpt_model(
         raise ValueError(
             f"model-parallel groups have TP {tp}, the config says {parallel.tensor_model_parallel_size}"
         )
+    layout: SpecLayout = spec or ("local" if parallel.layer_spec == "local" else "te")
     config = build_transformer_config(arch, parallel, cpu_initialization=cpu_initialization)
-    layer = build_layer_spec(arch, spec, sequence_parallel=config.sequence_parallel)
-    if spec == "local" and config.sequence_parallel:  # the final norm too (the block's default)
+    layer = build_layer_spec(arch, layout, sequence_parallel=config.sequence_parallel)
+    if layout == "local" and config.sequence_parallel:  # the final norm too (the block's default)
         from megatron.core.transformer.transformer_block import (
             TransformerBlockSubmodules,
             get_num_layers_to_build,
@@ -272,7 +281,7 @@ def gpt_logprobs(
     return_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs of `labels` under a `GPTModel` (one pipeline stage, CP 1), fp32.
+    """Per-token log-probs of `labels` under a whole `GPTModel` (one pipeline stage), fp32.
 
     Works under tensor parallelism (with or without sequence parallelism): the logits stay
     split over the vocabulary and Megatron's vocab-parallel cross entropy combines them.
@@ -290,18 +299,49 @@ def gpt_logprobs(
 
     Raises:
         ValueError: On mismatched shapes, a non-positive temperature, or a model that is one
-            pipeline stage of several.
+            pipeline stage of several (run those through `gpt_stage_forward` under a
+            pipeline schedule, as `MegatronEngine` does).
         NotImplementedError: Under context parallelism (CP > 1).
+    """
+    if not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)):
+        raise ValueError(
+            "gpt_logprobs runs a whole model in one stage; with pipeline parallelism run "
+            "gpt_stage_forward under Megatron's pipeline schedule (MegatronEngine does)"
+        )
+    scores = gpt_stage_forward(
+        model,
+        input_ids,
+        labels,
+        temperature=temperature,
+        return_entropy=return_entropy,
+        position_ids=position_ids,
+    )
+    assert isinstance(scores, tuple)  # the last stage scores
+    return scores
+
+
+def gpt_stage_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
+    """This pipeline stage's part of `gpt_logprobs` (same arguments).
+
+    The first stage embeds `input_ids`; a later stage takes the hidden states the previous
+    stage sent, set beforehand with `model.set_input_tensor` (Megatron's schedules do).
+    The last stage returns `(logp, entropy)` as `gpt_logprobs` does; a stage before it
+    returns its hidden states `[S, B, H]` (`[S / TP, B, H]` under sequence parallelism),
+    the next stage's input. Every stage needs the same `input_ids` (their length sets the
+    mask and the RoPE positions); only the last reads `labels`.
     """
     require_megatron()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    if not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)):
-        raise ValueError(
-            "gpt_logprobs runs a whole model in one stage; with pipeline parallelism use "
-            "Megatron's pipeline schedules (forward_backward_func) instead"
-        )
     if parallel_state.get_context_parallel_world_size() > 1:
         raise NotImplementedError(
             "gpt_logprobs does not split sequences over context-parallel ranks yet (CP > 1)"
@@ -319,23 +359,17 @@ def gpt_logprobs(
         input_ids, labels = (torch.nn.functional.pad(t, (0, pad)) for t in (input_ids, labels))
         if position_ids is not None:
             position_ids = torch.nn.functional.pad(position_ids, (0, pad))
-        logp, entropy = gpt_logprobs(
-            model,
-            input_ids,
-            labels,
-            temperature=temperature,
-            return_entropy=return_entropy,
-            position_ids=position_ids,
-        )
-        return logp[:, :seq], None if entropy is None else entropy[:, :seq]
+    padded = seq + pad
     if position_ids is None:
-        position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
-    mask = causal_attention_mask(seq, input_ids.device)
-    logits = model(input_ids, position_ids, mask)  # [B, S, V / TP]
-    logits = logits.float() / temperature
+        position_ids = torch.arange(padded, device=input_ids.device).expand(batch, padded)
+    mask = causal_attention_mask(padded, input_ids.device)
+    output = model(input_ids, position_ids, mask)
+    if not getattr(model, "post_process", True):
+        return output  # hidden states for the next stage
+    logits = output.float() / temperature  # [B, S, V / TP]
     entropy = _vocab_parallel_entropy(logits) if return_entropy else None
     # Megatron's cross entropy takes [S, B, V/TP] and [S, B], returns -log p, and shifts its
     # input in place: give it a copy so `logits` stays intact for the entropy's backward.
     sbv = logits.transpose(0, 1).clone(memory_format=torch.contiguous_format)
     logp = -vocab_parallel_cross_entropy(sbv, labels.t().contiguous()).t()
-    return logp, entropy
+    return logp[:, :seq], None if entropy is None else entropy[:, :seq]

@@ -48,9 +48,13 @@ def model_parallel(
     Yields:
         The torch device string of this rank (`cpu`, `cuda:0`, `npu:3`).
 
+    Ranks are ordered TP fastest, then CP, then PP, then DP (Megatron's ``order``
+    ``tp-cp-ep-pp-dp``): the ranks of one model replica are adjacent, so rank ``r`` holds
+    data-parallel share ``r // (TP x CP x PP)`` (what ``MegatronEngine.parallel_layout``
+    tells the trainer group).
+
     Raises:
-        ValueError: On the CPU with pipeline parallelism (Megatron's pipeline schedules
-            need CUDA), or a world size the model-parallel size does not divide.
+        ValueError: A world size the model-parallel size does not divide.
     """
     require_megatron()
     import torch
@@ -61,8 +65,6 @@ def model_parallel(
 
     parallel = parallel or MegatronParallelConfig()
     kind = str(resolve_device(device))
-    if kind == "cpu" and parallel.pipeline_model_parallel_size > 1:
-        raise ValueError("pipeline parallelism needs Megatron's CUDA schedules; not on the CPU")
     started = not torch.distributed.is_initialized()
     if rank is None and world_size is None and os.environ.get("WORLD_SIZE"):
         ctx = init_distributed(device=kind)  # torchrun / Ray set the launcher variables
@@ -85,6 +87,7 @@ def model_parallel(
             tensor_model_parallel_size=parallel.tensor_model_parallel_size,
             pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
             context_parallel_size=parallel.context_parallel_size,
+            order="tp-cp-ep-pp-dp",  # one replica's ranks adjacent (default: ...-dp-pp)
         )
         shims = cpu_shims() if kind == "cpu" else contextlib.nullcontext()
         with shims:

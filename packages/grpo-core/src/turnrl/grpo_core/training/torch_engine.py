@@ -111,8 +111,14 @@ class TorchEngineConfig:
     """Rollout top-k, likewise (-1 = off) [--rollout-top-k]."""
     seed: int = 1234
     """Seed of torch and Python RNGs at start-up [--seed]."""
+    memory_margin_bytes: int = 0
+    """Device memory that must be free when a train step starts, else the step stops with
+    an error naming the flag instead of running out of memory inside a kernel (colocated
+    engines hold the rest); 0 checks nothing. Devices only [--train-memory-margin-bytes]."""
 
     def __post_init__(self) -> None:
+        if self.memory_margin_bytes < 0:
+            raise ValueError(f"memory_margin_bytes must be >= 0, got {self.memory_margin_bytes}")
         resolve_dtype(self.dtype)
         check_loss_config(self.loss)
         if self.micro_batch_size < 1:
@@ -146,6 +152,15 @@ def training_device() -> torch.device:
 
 def _local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+
+
+@dataclass
+class LossTally:
+    """The metrics of a train step's micro-batches as they are computed: mini-batch shares
+    (summed) and per-token means (weighted by each micro-batch's loss tokens)."""
+
+    shares: dict[str, float] = field(default_factory=lambda: {"loss": 0.0})
+    weighted: dict[str, float] = field(default_factory=dict)
 
 
 class TorchEngine:
@@ -225,6 +240,27 @@ class TorchEngine:
 
     # -- training ----------------------------------------------------------------------
 
+    def _check_memory_margin(self) -> None:
+        """Raise MemoryError when less than ``memory_margin_bytes`` of the device is free.
+
+        Raises:
+            ValueError: a margin on the CPU, which has no device memory to keep free.
+        """
+        margin = self.config.memory_margin_bytes
+        if not margin:
+            return
+        if self.device.type == "cpu":
+            raise ValueError(
+                f"--train-memory-margin-bytes {margin}: the CPU has no device memory to keep "
+                "free (use 0)"
+            )
+        free, _ = getattr(torch, self.device.type).mem_get_info(self.device)
+        if free < margin:
+            raise MemoryError(
+                f"--train-memory-margin-bytes {margin}: only {free} bytes of {self.device} are "
+                "free before the train step (are colocated engines asleep?)"
+            )
+
     def train_step(
         self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
     ) -> dict[str, float]:
@@ -242,6 +278,7 @@ class TorchEngine:
         """
         if objective not in ("rl", "sft"):
             raise ValueError(f"objective must be 'rl' or 'sft', got {objective!r}")
+        self._check_memory_margin()
         start = time.perf_counter()
         if isinstance(batch, TrainBatch):
             micro = list(batch.micro_batches(self.config.micro_batch_size))
@@ -278,26 +315,45 @@ class TorchEngine:
         self, micro: list[TrainBatch], objective: str, counts: BatchCounts
     ) -> dict[str, float]:
         """Forward + backward every micro-batch (gradients add up); reduce the metrics."""
-        shares: dict[str, float] = {"loss": 0.0}
-        weighted: dict[str, float] = {}
-        want_entropy = objective == "rl" and self.config.loss.entropy_coef > 0
+        tally = LossTally()
+        want_entropy = self._wants_entropy(objective)
         for mb in micro:
             mb = mb.to(self.device)
             logp, entropy = self._forward(mb, return_entropy=want_entropy)
-            if objective == "rl":
-                loss, metrics = rl_loss(logp, entropy, mb, self.config.loss, counts)
+            self._micro_loss(logp, entropy, mb, objective, counts, tally).backward()
+        return self._reduce_metrics(tally, micro)
+
+    def _wants_entropy(self, objective: str) -> bool:
+        return objective == "rl" and self.config.loss.entropy_coef > 0
+
+    def _micro_loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: TrainBatch,
+        objective: str,
+        counts: BatchCounts,
+        tally: LossTally,
+    ) -> torch.Tensor:
+        """One micro-batch's share of the mini-batch loss (to backward); its metrics go to
+        ``tally``."""
+        if objective == "rl":
+            loss, metrics = rl_loss(logp, entropy, mb, self.config.loss, counts)
+        else:
+            loss, metrics = sft_loss(logp, mb, counts, self.config.loss.loss_agg_mode)
+        tally.shares["loss"] += float(loss.detach())
+        for key, value in metrics.items():
+            if key in SHARE_METRICS:
+                tally.shares[key] = tally.shares.get(key, 0.0) + value
             else:
-                loss, metrics = sft_loss(logp, mb, counts, self.config.loss.loss_agg_mode)
-            loss.backward()
-            shares["loss"] += float(loss.detach())
-            for key, value in metrics.items():
-                if key in SHARE_METRICS:
-                    shares[key] = shares.get(key, 0.0) + value
-                else:
-                    weighted[key] = weighted.get(key, 0.0) + value * mb.num_loss_tokens
+                tally.weighted[key] = tally.weighted.get(key, 0.0) + value * mb.num_loss_tokens
+        return loss
+
+    def _reduce_metrics(self, tally: LossTally, micro: list[TrainBatch]) -> dict[str, float]:
+        """The step's metrics from this rank's micro-batches (shares summed over DP)."""
         local_tokens = max(1, sum(mb.num_loss_tokens for mb in micro))
-        out = {key: value / local_tokens for key, value in weighted.items()}
-        for key, value in shares.items():  # each rank's share is scaled by dp_size
+        out = {key: value / local_tokens for key, value in tally.weighted.items()}
+        for key, value in tally.shares.items():  # each rank's share is scaled by dp_size
             out[key] = self._dp_sum(value / self.dp_size)
         return out
 
