@@ -306,3 +306,9 @@ def test_megatron_architecture_flags_must_match_the_model(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"--num-layers 36 \(the model has 2\)"):
         check_model_split(config, model)
     assert not_honoured(resolve(["--num-layers", "36"], {}).config)  # torch: refused
+
+
+def test_megatron_in_bfloat16_on_the_cpu_is_refused_naming_the_dtype() -> None:
+    config = resolve([*MEGATRON_RAY, "1", "--dtype", "bfloat16"], {}).config
+    with pytest.raises(ValueError, match="--dtype bfloat16 with --train-backend megatron on"):
+        check_supported(config)

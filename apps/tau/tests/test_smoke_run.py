@@ -9,6 +9,7 @@ so it is marked ``vllm`` and runs in the engine session, not with the unit tests
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from turnrl.npu_runtime.supervise import cmdline, descendants
 
 APP = Path(__file__).resolve().parents[1]
 
@@ -122,12 +125,12 @@ def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -> None:
-    """--runner local: one in-process trainer, the engine started by the app; Ctrl-C (one
-    SIGINT, passed on by the supervisor) after step 1's checkpoint stops the engine and
-    prints the resume command; --resume runs the steps left, every step synced to the
-    engine, which samples from the trainer's weights. Eight steps of ~1.5 s leave the
-    signal seconds to land mid-run on a loaded machine (with three it once came as the app
-    was exiting)."""
+    """--runner local: one in-process trainer, the engine started by the app; one SIGINT to
+    the app (as Ctrl-C sends it) after step 1's checkpoint stops the engine and prints the
+    resume command; --resume runs the steps left, every step synced to the engine, which
+    samples from the trainer's weights. The app runs under the supervisor, which names
+    anything it left running; the signal goes to the app itself (twice under load, sent
+    through the supervisor, the app ran on to its end: not explained yet)."""
     run_dir = tmp_path / "run"
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     steps = 8
@@ -141,10 +144,13 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
         deadline = time.monotonic() + 840
         while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        app.send_signal(signal.SIGINT)
+        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
+        assert "apps/tau" in cmdline(tau)
+        saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+        os.kill(tau, signal.SIGINT)
         app.wait(timeout=300)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert app.returncode == 130, f"SIGINT sent with {saved} saved\n{out[-3000:]}{err[-3000:]}"
     assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
     assert "left running" not in err, err[-3000:]  # the supervisor names leftovers
     assert not (run_dir / "summary.json").exists()

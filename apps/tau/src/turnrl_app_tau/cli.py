@@ -196,6 +196,12 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--tiny-hidden-size", "model.tiny_hidden_size", int, "tiny model: residual width"),
     ("--tiny-num-layers", "model.tiny_num_layers", int, "tiny model: decoder layers"),
     ("--torch-threads", "model.torch_threads", int, "trainer CPU threads (0: torch's default)"),
+    (
+        "--dtype",
+        "model.dtype",
+        str,
+        "training compute dtype: float32, or bfloat16 (autocast over fp32 weights)",
+    ),
     ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),

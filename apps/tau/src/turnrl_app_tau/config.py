@@ -48,7 +48,7 @@ class ModelConfig:
     tiny_vocab_size: int = 2048
     """Tiny model: BPE vocabulary size."""
     dtype: str = "float32"
-    """Training compute dtype (float32, or bfloat16 with fp32 master weights)."""
+    """Training compute dtype (float32, or bfloat16 with fp32 master weights) [--dtype]."""
     torch_threads: int = 0
     """CPU threads of the trainer (``torch.set_num_threads``); 0 keeps torch's default. One
     thread is much faster when other processes compete for a small machine's cores."""

@@ -229,6 +229,12 @@ def check_megatron(config: TauAppConfig) -> None:
 
     trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
     p, c = config.parallel, config.cluster
+    if c.device == "cpu" and config.model.dtype == "bfloat16":
+        raise ValueError(
+            "--dtype bfloat16 with --train-backend megatron on --device cpu: megatron-core's "
+            "layers mix bfloat16 and float32 in the backward under CPU autocast (their "
+            "autocast hooks are CUDA's); use --dtype float32 on the CPU"
+        )
     split = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
     ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.runner == "ray" else 1
     if ranks % split:
