@@ -219,10 +219,10 @@ def attention_backend(p: ParallelConfig) -> str:
     if backend == "auto":
         import importlib.util
 
-        import torch
+        from turnrl.npu_runtime.device import DeviceType, detect_device
 
         te = importlib.util.find_spec("transformer_engine") is not None
-        return "auto" if te and torch.cuda.is_available() else "local"
+        return "auto" if te and detect_device() is DeviceType.CUDA else "local"
     return backend
 
 

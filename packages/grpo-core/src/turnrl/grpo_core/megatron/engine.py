@@ -103,7 +103,10 @@ def unsupported(config: MegatronEngineConfig) -> list[str]:
 def _transformer_engine_on_cuda() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
+    from turnrl.npu_runtime.device import DeviceType, detect_device
+
+    te = importlib.util.find_spec("transformer_engine") is not None
+    return te and detect_device() is DeviceType.CUDA
 
 
 class MegatronLogProbs(nn.Module):
