@@ -27,6 +27,7 @@ import gc
 import itertools
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -42,6 +43,22 @@ from turnrl.tool_envs.sandbox import child, limits, wire
 _READ_CHUNK = 1 << 16
 _KILL_GRACE_S = 0.5  # after the main process is reaped, how long stray pipe holders may live
 _EXIT_GRACE_S = 1.0  # after a run reported its end, how long its exit may take before SIGKILL
+
+
+def _waiting(pid: int, pidfd: int) -> bool:
+    """Whether a ready child is alive with no kill pending: a child SIGKILLed from outside
+    may not have exited yet, and a plan written to its pipe would be lost with it."""
+    if select.select([pidfd], [], [], 0)[0]:
+        return False  # exited
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    return fields.get("State", "").split()[:1] not in (["Z"], ["X"]) and not (
+        pending & (1 << (signal.SIGKILL - 1))
+    )
 
 
 @dataclass
@@ -269,6 +286,8 @@ class ForkServer:
             python_mode=self.python_mode,
         )
         try:
+            if not _waiting(ready.pid, ready.pidfd):
+                raise OSError("the ready child was killed while it waited")
             os.write(ready.plan_w, json.dumps(asdict(plan)).encode())
         except OSError as exc:  # the ready child died while waiting (killed from outside)
             self._discard(ready)
