@@ -15,7 +15,7 @@ from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauSettings, smoke
 from turnrl_app_tau.data import TASK_KINDS, load_tasks_and_domain
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import Scalars, verdict
+from turnrl_app_tau.report import trajectory_text, verdict
 from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
 
 from turnrl.grpo_core.recipe import load_progress
@@ -150,9 +150,10 @@ def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
         status="completed",
         reward=1.0,
     )
-    scalars = Scalars(tmp_path)
-    scalars.samples(3, [traj])
-    scalars.close()
+    from turnrl.grpo_core.observe.logger import StepLogger
+
+    with StepLogger(tmp_path, console=False, tensorboard=False) as logger:
+        logger.log_samples(3, [trajectory_text(traj)])  # as the RL stage's on_metrics does
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["step"] == 3
     text = json.dumps(rows[0])

@@ -11,27 +11,21 @@ eval   -> again; table + run folder (config.json, metrics.jsonl, tensorboard/, s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import resource
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from turnrl.grpo_core.recipe.evaluation import (
-    Phases,
-    mean_and_stderr,
-    render_run_curves,
-    verdict,
-    write_summary,
-)
+from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
+from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
 from turnrl_app_retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
@@ -185,16 +179,16 @@ def engine_spec(config: RetoolAppConfig, model: Path, port: int = 8000) -> Any:
     )
 
 
-@contextlib.contextmanager
-def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[tuple[list[str], Any]]:
-    """Start ``engine.num_engines`` vLLM servers for ``model``; yield their URLs and the Ray
-    run that placed them (None on the local runner, whose engines are child processes);
-    stop everything at exit."""
+def engines(
+    config: RetoolAppConfig, model: Path, log_dir: Path
+) -> contextlib.AbstractContextManager[Fleet]:
+    """``engine.num_engines`` vLLM servers for ``model``, stopped at exit: placed by a Ray
+    run with the trainer ranks still to start, or the local runner's child processes."""
     e = config.engine
+    placement = None
     if e.runner == "ray":
-        from turnrl.grpo_core.placement.actors import EngineLaunch
         from turnrl.grpo_core.placement.plan import PlacementConfig
-        from turnrl.grpo_core.recipe import accelerator, ray_run
+        from turnrl.grpo_core.recipe import accelerator
 
         placement = PlacementConfig(
             actor_num_gpus_per_node=e.trainer_ranks,
@@ -203,18 +197,10 @@ def engines(config: RetoolAppConfig, model: Path, log_dir: Path) -> Iterator[tup
             colocate=e.colocate,
             accelerator=accelerator(e.device),
         )
-        launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(log_dir))
-        with ray_run(placement, launch, torch_threads=config.model.torch_threads) as job:
-            yield list(job.engine_urls), job
-        return
-    from turnrl.grpo_core.recipe.engines import start_local_engines
-
-    servers = start_local_engines(engine_spec(config, model), e.num_engines, log_dir)
-    try:
-        yield [s.url for s in servers], None
-    finally:
-        for server in servers:
-            server.stop()
+    spec, threads = engine_spec(config, model), config.model.torch_threads
+    return engine_fleet(
+        spec, log_dir, placement=placement, num_local=e.num_engines, torch_threads=threads
+    )
 
 
 class Evaluator:
@@ -265,35 +251,16 @@ async def run(
     and SFT models are reused, the evaluation before RL is read from ``progress.json`` and
     GRPO continues from the latest checkpoint.
     """
-    from turnrl.rollout_router.router import Router
-    from turnrl.tool_envs.chat import ChatTokenizer
     from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
-    from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
 
     console = console or Console()
-    start = time.perf_counter()
-    from turnrl.grpo_core.recipe import claim_run_dir, load_progress, save_progress
-
-    run_dir = claim_run_dir(config.run_dir, "retool", resume=resume)
-    config.run_dir = str(run_dir)
-    config.save(run_dir)
-    progress = load_progress(run_dir) if resume else {}
-    if resume:
-        console.print(f"resuming {run_dir} (finished: {', '.join(progress) or 'nothing'})")
     os.environ.update(config.env)
-    if config.model.torch_threads:
-        import torch
-
-        torch.set_num_threads(config.model.torch_threads)
-    phases = Phases(console)
-    datasets = Datasets(config, DEFAULT_INSTRUCTION)
-    from turnrl.grpo_core.observe.logger import StepLogger
-    from turnrl.grpo_core.observe.trackers import make_trackers
-
-    trackers = make_trackers(
-        config.logger, run_dir, "turnrl-retool", run_dir.name, config.to_dict()
-    )
-    with StepLogger(run_dir, console=False, trackers=trackers) as logger:
+    threads = config.model.torch_threads
+    with open_run("retool", config, resume=resume, console=console, torch_threads=threads) as this:
+        config, run_dir, progress, phases = this.config, this.folder, this.progress, this.phases
+        if resume:
+            console.print(f"resuming {run_dir} (finished: {', '.join(progress) or 'nothing'})")
+        datasets = Datasets(config, DEFAULT_INSTRUCTION)
         with phases("sft"):
             policy = build_base_model(config, run_dir / "model" / "base", reuse=resume)
             if "sft" in progress:
@@ -301,82 +268,88 @@ async def run(
                 console.print(f"SFT: reusing {policy} (from progress.json)")
             elif config.sft.enabled:
                 sft_dir = run_dir / "model" / "sft"
-                policy, progress["sft"] = run_sft_stage(
-                    config, policy, datasets, sft_dir, console, logger
+                policy, record = run_sft_stage(
+                    config, policy, datasets, sft_dir, console, this.logger
                 )
-                save_progress(run_dir, progress)
+                this.remember("sft", record)
         sft_cpu = time.process_time()
         console.print(f"SFT done (last loss {progress.get('sft', {}).get('loss_last')})")
         with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
-            box = SandboxClient(
-                SandboxClientConfig(
-                    url=url,
-                    run_timeout=config.sandbox.run_timeout,
-                    memory_limit_mb=config.sandbox.memory_limit_mb,
-                    max_concurrency=config.sandbox.max_concurrency,
-                )
+            evaluate, before, after, history = await _evaluate_and_train(
+                this, policy, datasets, url, urls, job
             )
-            settings = episode_settings(
-                config,
-                ChatTokenizer.from_dir(policy),
-                box,
-                config.eval.temperature,
-                config.eval.top_p,
-            )
-            evaluate = Evaluator(config, settings, datasets, logger)
-            async with Router(urls) as router:
-                with phases("eval_before"):
-                    if "before" in progress:
-                        console.print("evaluation before RL: from progress.json (resumed run)")
-                        before = progress["before"]["metrics"]
-                        evaluate.per_problem[0] = progress["before"]["per_problem"]
-                    else:
-                        before = await evaluate(router, 0)
-                        progress["before"] = {
-                            "metrics": before,
-                            "per_problem": evaluate.per_problem[0],
-                        }
-                        save_progress(run_dir, progress)
-                console.print(
-                    f"before RL: acc {accuracy(before):.3f}, "
-                    f"turns {before['val-aux/num_turns/mean']:.2f}"
-                )
-                history: list[dict[str, float]] = []
-                with phases("rl"):
-                    if config.rl.enabled:
-                        history = await run_rl_stage(
-                            config,
-                            policy,
-                            urls,
-                            router,
-                            settings,
-                            datasets.train,
-                            run_dir,
-                            logger,
-                            console,
-                            job,
-                            lambda step: evaluate(router, step),
-                        )
-                with phases("eval_after"):
-                    after = await evaluate(router, len(history)) if history else before
         per_problem = (evaluate.per_problem[0], evaluate.per_problem[len(history)])
         seconds = {f"{name}_s": value for name, value in phases.seconds.items()}
         seconds["sft_cpu_s"] = sft_cpu
         seconds["app_cpu_s"] = time.process_time()  # this process: data, SFT, RL training
         children = resource.getrusage(resource.RUSAGE_CHILDREN)  # engines and sandbox, stopped
         seconds["children_cpu_s"] = children.ru_utime + children.ru_stime
-        summary = make_summary(
-            config, before, after, history, seconds, time.perf_counter() - start, per_problem
-        )
+        summary = make_summary(config, before, after, history, seconds, this.seconds(), per_problem)
         summary.update(runner=config.engine.runner, engine_urls=urls, train_history=history)
         summary["sft"] = progress.get("sft")  # steps, why it stopped, its probes
-    write_summary(run_dir / "summary.json", summary)
-    render_run_curves(run_dir, console)
+        this.finish(summary)
     console.print(results_table(summary))
     if "verdict" in summary:
         console.print(f"[bold]{summary['verdict']}[/bold]")
     console.print(f"run folder: {run_dir}")
     return summary
+
+
+async def _evaluate_and_train(
+    run: Run[RetoolAppConfig],
+    policy: Path,
+    datasets: Datasets,
+    sandbox: str,
+    urls: list[str],
+    job: Any,
+) -> tuple[Evaluator, dict[str, float], dict[str, float], list[dict[str, float]]]:
+    """Evaluation before RL, the RL stage, evaluation after it, on the engines at ``urls``
+    with the sandbox at ``sandbox``; returns the evaluator (its per-problem accuracies), the
+    metrics before and after RL, and every RL step's metrics."""
+    from turnrl.rollout_router.router import Router
+    from turnrl.tool_envs.chat import ChatTokenizer
+    from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+
+    config, console, phases = run.config, run.console, run.phases
+    box = SandboxClient(
+        SandboxClientConfig(
+            url=sandbox,
+            run_timeout=config.sandbox.run_timeout,
+            memory_limit_mb=config.sandbox.memory_limit_mb,
+            max_concurrency=config.sandbox.max_concurrency,
+        )
+    )
+    chat = ChatTokenizer.from_dir(policy)
+    settings = episode_settings(config, chat, box, config.eval.temperature, config.eval.top_p)
+    evaluate = Evaluator(config, settings, datasets, run.logger)
+    async with Router(urls) as router:
+
+        async def evaluate_before() -> dict[str, Any]:
+            metrics = await evaluate(router, 0)
+            return {"metrics": metrics, "per_problem": evaluate.per_problem[0]}
+
+        with phases("eval_before"):
+            record = await run.once("before", "evaluation before RL", evaluate_before)
+        before, evaluate.per_problem[0] = record["metrics"], record["per_problem"]
+        console.print(
+            f"before RL: acc {accuracy(before):.3f}, turns {before['val-aux/num_turns/mean']:.2f}"
+        )
+        history: list[dict[str, float]] = []
+        with phases("rl"):
+            if config.rl.enabled:
+                history = await run_rl_stage(
+                    run,
+                    policy,
+                    urls,
+                    router,
+                    settings,
+                    datasets.train,
+                    job,
+                    lambda step: evaluate(router, step),
+                )
+        with phases("eval_after"):
+            after = await evaluate(router, len(history)) if history else before
+    return evaluate, before, after, history
 
 
 PerProblem = dict[str, list[float]]
@@ -497,22 +470,17 @@ def results_table(summary: dict[str, Any]) -> Table:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``uv run apps/retool``."""
-    config, args = resolve(argv)
-    if args.print_config:
-        print(json.dumps(config.to_dict(), indent=2))
-        return 0
-    from turnrl.grpo_core.recipe import default_run_dir, interrupted
+    """Entry point of ``uv run apps/retool``; returns the process exit code."""
 
-    config.run_dir = config.run_dir or default_run_dir("retool")  # named in the Ctrl-C hint
-    try:
-        asyncio.run(run(config, resume=args.resume))
-    except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # engines, sandbox and Ray were stopped on the way out
-        return interrupted("retool", config.run_dir)
-    return 0
+    def prepare(default_dir: str) -> tuple[str, Coroutine[Any, Any, Any]] | None:
+        config, args = resolve(argv)
+        if args.print_config:
+            print(json.dumps(config.to_dict(), indent=2))
+            return None
+        config.run_dir = run_dir = config.run_dir or default_dir  # named in the Ctrl-C hint
+        return run_dir, run(config, resume=args.resume)
+
+    return run_main("retool", prepare)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import Progress
-
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
 from turnrl_app_retool.data import MathTask
 from turnrl_app_retool.episodes import run_tasks
 
 if TYPE_CHECKING:
-    from turnrl.grpo_core.observe.logger import StepLogger
+    from turnrl.grpo_core.recipe.driver import Run
 
 VERL_ALIASES = {
     "rollout/reward_mean": "critic/rewards/mean",
@@ -103,15 +100,12 @@ def step_line(step: int, metrics: dict[str, float]) -> str:
 
 
 async def run_rl_stage(
-    config: RetoolAppConfig,
+    run: Run[RetoolAppConfig],
     policy: Path,
     urls: list[str],
     router: Any,
     settings: Any,
     train: list[MathTask],
-    run_dir: Path,
-    logger: StepLogger,
-    console: Console,
     job: Any = None,
     evaluate: Any = None,
 ) -> list[dict[str, float]]:
@@ -119,9 +113,10 @@ async def run_rl_stage(
     (through disk). Trains in this process, or on the Ray runner's trainer ranks (``job``, a
     ``RayGRPORun`` whose engines serve ``urls``); with the KL loss, against the frozen
     ``policy`` as reference. ``evaluate(step)`` runs every ``rl.eval_interval`` steps but
-    the last (the evaluation after RL follows it). Checkpoints go to ``run_dir/checkpoints``
-    every ``rl.save_interval`` steps and after the last; a folder that already has one (a
-    resumed run) continues from the latest (``GRPOLoop.resume``).
+    the last (the evaluation after RL follows it). Checkpoints go to the run folder's
+    ``checkpoints`` every ``rl.save_interval`` steps and after the last; a folder that
+    already has one (a resumed run) continues from the latest (``RLStage``); the trained
+    model is exported to ``model/rl``.
 
     Returns:
         Every step's metrics.
@@ -130,7 +125,9 @@ async def run_rl_stage(
 
     from turnrl.grpo_core.loop import LoopConfig
     from turnrl.grpo_core.recipe import build_loop
+    from turnrl.grpo_core.recipe.driver import RLStage
 
+    config, console = run.config, run.console
     rl = config.rl
     loop_config = LoopConfig(
         num_rollout=rl.num_rollout,
@@ -170,54 +167,48 @@ async def run_rl_stage(
         return {}
 
     step_stats: dict[str, float] = {}
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("GRPO", total=rl.num_rollout)
 
-        def on_metrics(step: int, metrics: dict[str, float]) -> None:
-            metrics.update(step_stats)  # the same dict lands in the loop's history
-            # Also under verl's names, so curves line up with a verl ReTool run.
-            verl = {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
-            logger(step, {**metrics, **verl}, phase="rl")
-            console.print(step_line(step, metrics))
-            bar.update(
-                task, advance=1, description=(f"GRPO reward {metrics['rollout/reward_mean']:+.2f}")
-            )
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        metrics.update(step_stats)  # the same dict lands in the loop's history
+        # Also under verl's names, so curves line up with a verl ReTool run.
+        verl = {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
+        run.logger(step, {**metrics, **verl}, phase="rl")
+        console.print(step_line(step, metrics))
 
-        trainer = trainer_config(
-            policy, config, rl.lr, rl.micro_batch_size, config.engine.train_backend
-        )
-        if job is not None:  # off the event loop: the router's connections stay served
-            await asyncio.to_thread(job.start_trainers, trainer)
-        loop = build_loop(
-            loop_config,
-            trainer,
-            train,
-            generate,
-            reward,
-            pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
-            urls=urls,
-            sync_root=run_dir / "weights",
-            job=job,
-            reference=reference,
-            on_metrics=on_metrics,
-            engine_busy=router.busy_seconds,
-            evaluate=during_rl,
-            checkpoint_dir=run_dir / "checkpoints",
-        )
-        if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
-            console.print(
-                f"resumed GRPO from {checkpoint} ({loop.step}/{rl.num_rollout} steps done)"
-            )
-            bar.update(task, completed=loop.step)
-        for _ in range(rl.num_rollout - loop.step):
-            if rl.dynamic_sampling:
-                samples, seconds, stats = await collect_informative(loop, rl)
-            else:
-                samples, seconds = await loop.collect(loop.data.next(rl.rollout_batch_size))
-                stats = group_stats(samples, rl.filter_metric)
-            step_stats.clear()
-            step_stats.update(stats)
-            await loop.learn(samples, seconds)
-    loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
-    loop.trainer.export_hf(run_dir / "model" / "rl")
-    return loop.history
+    stage = RLStage(console, rl.num_rollout, on_metrics)
+    trainer = trainer_config(
+        policy, config, rl.lr, rl.micro_batch_size, config.engine.train_backend
+    )
+    if job is not None:  # off the event loop: the router's connections stay served
+        await asyncio.to_thread(job.start_trainers, trainer)
+    loop = build_loop(
+        loop_config,
+        trainer,
+        train,
+        generate,
+        reward,
+        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+        urls=urls,
+        sync_root=run.folder / "weights",
+        job=job,
+        reference=reference,
+        on_metrics=stage.on_metrics,
+        engine_busy=router.busy_seconds,
+        evaluate=during_rl,
+        checkpoint_dir=run.folder / "checkpoints",
+    )
+
+    async def one_step() -> None:
+        """Collect (one round, or DAPO's informative groups over several), then learn."""
+        if rl.dynamic_sampling:
+            samples, seconds, stats = await collect_informative(loop, rl)
+        else:
+            samples, seconds = await loop.collect(loop.data.next(rl.rollout_batch_size))
+            stats = group_stats(samples, rl.filter_metric)
+        step_stats.clear()
+        step_stats.update(stats)
+        await loop.learn(samples, seconds)
+
+    history = await stage.run(loop, one_step)
+    loop.trainer.export_hf(run.folder / "model" / "rl")
+    return history

@@ -17,26 +17,24 @@ import dataclasses
 import functools
 import json
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.loop.loop import BusyFn, EvalFn
-from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS, make_trackers
-from turnrl.grpo_core.recipe import (
-    build_loop,
-    claim_run_dir,
-    default_run_dir,
-    interrupted,
-    load_progress,
-    save_progress,
+from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
+from turnrl.grpo_core.recipe import build_loop
+from turnrl.grpo_core.recipe.driver import (
+    Fleet,
+    RLStage,
+    Run,
+    engine_fleet,
+    open_run,
+    run_main,
 )
 from turnrl.grpo_core.recipe.engines import start_local_engines
-from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
+from turnrl.grpo_core.recipe.evaluation import write_summary
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.engine import EngineServer
@@ -50,7 +48,7 @@ from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
 from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
-from turnrl_app_tau.report import Scalars, console, final_table, step_line, verdict
+from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
 from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
@@ -59,7 +57,7 @@ from turnrl_app_tau.training import (
     make_judge,
     make_user_factory,
     pad_id_of,
-    ray_job,
+    placement_config,
     reference_kwargs,
     sft_warm_up,
     trainer_config,
@@ -321,14 +319,36 @@ def rollout_config(
     )
 
 
-def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
-    """Launch the local runner's engines (blocking until healthy), each on devices of its
-    own past the trainer's device 0; stops those started if one fails."""
+def _num_local_engines(config: TauAppConfig) -> int:
+    """How many engines the local runner starts (saying so when their environment is about
+    to be created)."""
     c = config.cluster
     if ready_python(c.device) is None:
         console.print(f"[yellow]creating the {c.device} engine environment (first use: minutes)...")
-    count = c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)
-    return start_local_engines(engine_spec(config, model), count, run_dir / "logs")
+    return c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)
+
+
+def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
+    """Launch the local runner's engines (blocking until healthy), each on devices of its
+    own past the trainer's device 0; stops those started if one fails (the caller stops
+    the others: benchmarks/rollout_vs_engine.py)."""
+    spec = engine_spec(config, model)
+    return start_local_engines(spec, _num_local_engines(config), run_dir / "logs")
+
+
+def engines(
+    config: TauAppConfig, model: Path, run_dir: Path, on_ray: bool
+) -> contextlib.AbstractContextManager[Fleet]:
+    """The run's engines serving ``model``, stopped at exit: placed by a Ray run with the
+    trainer ranks still to start (``on_ray``), or the local runner's child processes, each
+    on devices of its own past the trainer's device 0."""
+    spec, logs = engine_spec(config, model), run_dir / "logs"
+    if on_ray:
+        placement = placement_config(config)
+        return engine_fleet(
+            spec, logs, placement=placement, torch_threads=config.model.torch_threads
+        )
+    return engine_fleet(spec, logs, num_local=_num_local_engines(config))
 
 
 async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
@@ -345,21 +365,31 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
     GRPO continues from the latest checkpoint (``GRPOLoop.resume``).
     """
     check_supported(config)
-    if config.model.torch_threads:
-        import torch
+    threads = config.model.torch_threads
+    with open_run("tau", config, resume=resume, console=console, torch_threads=threads) as this:
+        summary = await _run(command, this, resume)
+        phases = this.phases.seconds
+        summary.update(wall_seconds=this.seconds(), phase_seconds=dict(phases))
+        after = summary.get("after", summary.get("eval"))
+        column = "after RL" if command == "train" else "evaluation"
+        console.print(final_table(summary.get("before"), after, phases, column))
+        if command == "train":
+            console.print(f"RL algorithm: {summary['algorithm']}")
+            summary["verdict"] = verdict(summary.get("before"), summary.get("after"))
+            console.print(f"[bold]{summary['verdict']}[/bold]")
+        summary["curves"] = [str(p) for p in this.finish(summary)]
+        console.print(f"summary: {write_summary(this.folder / 'summary.json', summary)}")
+    return summary
 
-        torch.set_num_threads(config.model.torch_threads)
-    start = time.perf_counter()
-    run_dir = claim_run_dir(config.run_dir, "tau", resume=resume)
-    config = dataclasses.replace(config, run_dir=str(run_dir))
-    config.save(run_dir / "config.json")
-    progress = load_progress(run_dir) if resume else {}
+
+async def _run(command: str, run: Run[TauAppConfig], resume: bool) -> dict[str, Any]:
+    """The phases of ``run``: data, model, SFT while the engines start, then evaluation
+    (and GRPO for ``train``) with the engines; returns the summary so far."""
+    config, run_dir, phases = run.config, run.folder, run.phases
     console.print(
         f"run folder: [bold]{run_dir}[/bold]  preset: {config.preset}  command: {command}"
         + ("  (resumed)" if resume else "")
     )
-    trackers = make_trackers(config.logger, run_dir, "turnrl-tau", run_dir.name, config.to_dict())
-    phases, scalars = Phases(console), Scalars(run_dir, trackers)
     on_ray = config.cluster.runner == "ray" and command == "train"
     summary: dict[str, Any] = {
         "command": command,
@@ -369,7 +399,6 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
         "runner": "ray" if on_ray else "local",
     }
     with contextlib.ExitStack() as stack:
-        stack.callback(scalars.close)
         with phases("data"):
             data = load_tasks_and_domain(config.tau)
             tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
@@ -380,15 +409,12 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
             base = build_policy(config, run_dir, reuse=resume)
             check_model_split(config, base)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
-        executor = asyncio.get_running_loop().run_in_executor
-        if on_ray:
-            ray_start = executor(None, stack.enter_context, ray_job(config, base, run_dir))
-        else:
-            engines = executor(None, start_engines, config, base, run_dir)
+        fleet = engines(config, base, run_dir, on_ray)
+        started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)
         try:
             if command == "train":
                 with phases("sft"):
-                    log = functools.partial(scalars.logger, phase="sft")
+                    log = functools.partial(run.logger, phase="sft")
                     policy = sft_warm_up(config, base, data, tools, run_dir, resume, log)
                 if (policy / SFT_DONE).is_file():  # steps, why SFT stopped, its probes
                     summary["sft"] = json.loads((policy / SFT_DONE).read_text())
@@ -396,51 +422,26 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
                 policy = base
         finally:
             with phases("engine start (rest)"):
-                if on_ray:
-                    job: RayGRPORun | None = await ray_start
-                else:
-                    job, servers = None, await engines
-                    stack.callback(lambda: [server.stop() for server in servers])
+                urls, job = await started
         if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
             with phases("trainers start"):
                 await asyncio.to_thread(job.start_trainers, trainer_config(config, policy))
-        urls = list(job.engine_urls) if job is not None else [s.url for s in servers]
         if policy != base:
             await _reload(urls, policy, "0")
-        summary.update(
-            await _run_with_router(
-                command, config, data, tools, policy, urls, phases, scalars, run_dir, progress, job
-            )
-        )
-    summary.update(wall_seconds=time.perf_counter() - start, phase_seconds=dict(phases.seconds))
-    after = summary.get("after", summary.get("eval"))
-    column = "after RL" if command == "train" else "evaluation"
-    console.print(final_table(summary.get("before"), after, phases.seconds, column))
-    if command == "train":
-        console.print(f"RL algorithm: {summary['algorithm']}")
-    if command == "train":
-        summary["verdict"] = verdict(summary.get("before"), summary.get("after"))
-        console.print(f"[bold]{summary['verdict']}[/bold]")
-    write_summary(run_dir / "summary.json", summary)
-    console.print(f"summary: {run_dir / 'summary.json'}")
-    summary["curves"] = [str(p) for p in render_run_curves(run_dir, console)]
-    write_summary(run_dir / "summary.json", summary)
+        summary.update(await _run_with_router(command, run, data, tools, policy, urls, job))
     return summary
 
 
 async def _run_with_router(
     command: str,
-    config: TauAppConfig,
+    run: Run[TauAppConfig],
     data: TaskData,
     tools: list,
     policy: Path,
     urls: list[str],
-    phases: Phases,
-    scalars: Scalars,
-    run_dir: Path,
-    progress: dict[str, Any],
     job: RayGRPORun | None = None,
 ) -> dict[str, Any]:
+    config, phases = run.config, run.phases
     r = config.rollout
     breaker = 10**9 if r.router_disable_circuit_breaker else 3
     router_config = RouterConfig(
@@ -481,7 +482,7 @@ async def _run_with_router(
 
         async def held_out(label: str, step: int) -> dict[str, Any]:
             metrics = await evaluated(label)
-            scalars.add(step, val_scalars(metrics))
+            run.logger(step, val_scalars(metrics))
             return metrics
 
         async def during_rl(step: int) -> dict[str, float]:
@@ -494,27 +495,11 @@ async def _run_with_router(
         if command == "eval":
             out["eval"] = await held_out("eval", 0)
             return out
-        if "before" in progress:
-            console.print("evaluation before RL: from progress.json (resumed run)")
-            out["before"] = progress["before"]
-        else:
-            out["before"] = await held_out("eval before RL", 0)
-            progress["before"] = out["before"]
-            save_progress(run_dir, progress)
+        before = functools.partial(held_out, "eval before RL", 0)
+        out["before"] = await run.once("before", "evaluation before RL", before)
         with phases("rl"):
             out.update(
-                await _train(
-                    config,
-                    data,
-                    policy,
-                    urls,
-                    episodes,
-                    scalars,
-                    run_dir,
-                    during_rl,
-                    job,
-                    engine_busy=router.busy_seconds,
-                )
+                await _train(run, data, policy, urls, episodes, during_rl, job, router.busy_seconds)
             )
         out["after"] = await held_out("eval after RL", out["steps"])
         out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
@@ -523,19 +508,18 @@ async def _run_with_router(
 
 
 async def _train(
-    config: TauAppConfig,
+    run: Run[TauAppConfig],
     data: TaskData,
     policy: Path,
     urls: list[str],
     episodes: TauEpisodes,
-    scalars: Scalars,
-    run_dir: Path,
     evaluate: EvalFn,
     job: RayGRPORun | None = None,
     engine_busy: BusyFn | None = None,
 ) -> dict[str, Any]:
     """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``); the engines'
     busy fraction is logged each step when ``engine_busy`` reads their busy seconds."""
+    config = run.config
     r = config.rollout
     generate = (
         load_function(r.custom_generate_function_path)
@@ -551,22 +535,13 @@ async def _train(
         shown[:] = samples[:2]
         return list(samples)
 
-    advance: list[Any] = []  # the progress bar's, once it exists
-
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
-        for tick in advance:
-            tick()
-        scalars.add(step, metrics)
+        run.logger(step, metrics)
         if shown:
-            scalars.samples(step, shown)
+            run.logger.log_samples(step, [trajectory_text(t) for t in shown])
         console.print(step_line(step, total, metrics))
 
-    hooks: dict[str, Any] = {
-        "on_metrics": on_metrics,
-        "evaluate": evaluate,
-        "checkpoint_dir": str(run_dir / "checkpoints"),
-        "engine_busy": engine_busy,
-    }
+    stage = RLStage(console, total, on_metrics)
     loop = build_loop(
         loop_config(config),
         trainer_config(config, policy),
@@ -575,20 +550,16 @@ async def _train(
         reward,
         pad_id=pad_id_of(policy),
         urls=urls,
-        sync_root=run_dir / "weights",
+        sync_root=run.folder / "weights",
         job=job,
         reference=reference_kwargs(config, policy),
-        **hooks,
+        on_metrics=stage.on_metrics,
+        evaluate=evaluate,
+        checkpoint_dir=str(run.folder / "checkpoints"),
+        engine_busy=engine_busy,
     )
-    if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
-        console.print(f"resumed GRPO from {checkpoint} ({loop.step}/{total} steps done)")
-    columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("steps", total=total, completed=loop.step)
-        advance.append(lambda: progress.advance(bar))
-        await loop.run(total - loop.step)  # async: rollouts overlap the steps' training
-    loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
-    return {"steps": loop.step, "train_history": loop.history}
+    history = await stage.run(loop)  # async: rollouts overlap the steps' training
+    return {"steps": loop.step, "train_history": history}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -596,18 +567,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Engines start from a worker thread; only the main thread may install the handlers that
     # stop them on SIGINT / SIGTERM.
     install_signal_handlers()
-    config = None
-    try:
+
+    def prepare(default_dir: str) -> tuple[str, Coroutine[Any, Any, Any]]:
         invocation = resolve(argv)
-        run_dir = invocation.config.run_dir or default_run_dir("tau")  # named in the hint
+        run_dir = invocation.config.run_dir or default_dir  # named in the Ctrl-C hint
         config = dataclasses.replace(invocation.config, run_dir=run_dir)
-        asyncio.run(run(invocation.command, config, invocation.resume))
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except KeyboardInterrupt:  # the handlers above stopped the engines; Ray is shut down
-        return interrupted("tau", config.run_dir if config else None)
-    return 0
+        return run_dir, run(invocation.command, config, invocation.resume)
+
+    return run_main("tau", prepare)
 
 
 if __name__ == "__main__":

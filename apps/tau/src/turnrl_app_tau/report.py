@@ -1,9 +1,8 @@
-"""What the user sees and keeps: console lines, progress, TensorBoard, the final table, summary.json."""
+"""What the user sees: console lines, episodes as text, the final table, the verdict."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -13,32 +12,6 @@ from turnrl.grpo_core.recipe.evaluation import delta_stderr
 from turnrl.grpo_core.recipe.evaluation import verdict as recipe_verdict
 
 console = Console(highlight=False)
-
-
-class Scalars:
-    """Scalars of every step: ``metrics.jsonl``, TensorBoard and the ``--logger`` trackers
-    (grpo-core's ``StepLogger``).
-
-    Appends when the files exist (a resumed run); TensorBoard is skipped, with a warning,
-    when the ``tensorboard`` package is missing.
-    """
-
-    def __init__(self, run_dir: Path, trackers: list[Any] | None = None) -> None:
-        from turnrl.grpo_core.observe.logger import StepLogger
-
-        self.logger = StepLogger(run_dir, console=False, trackers=trackers)
-
-    def add(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
-        """Write every metric at ``step``."""
-        self.logger(step, {f"{prefix}{key}": value for key, value in metrics.items()})
-
-    def samples(self, step: int, trajectories: list[Any]) -> None:
-        """Write a few of the step's episodes as TensorBoard text (``rollout/samples``)."""
-        self.logger.log_samples(step, [trajectory_text(t) for t in trajectories])
-
-    def close(self) -> None:
-        """Flush and close the files."""
-        self.logger.close()
 
 
 def trajectory_text(traj: Any) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.placement.plan import PlacementConfig
-from turnrl.grpo_core.recipe import SFTPhase, accelerator, ray_run, run_sft_stage
+from turnrl.grpo_core.recipe import SFTPhase, accelerator, run_sft_stage
 from turnrl.grpo_core.recipe.model import starting_model
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
@@ -277,15 +277,6 @@ def placement_config(config: TauAppConfig) -> PlacementConfig:
         colocate=c.colocate,
         accelerator=accelerator(c.device),
     )
-
-
-def ray_job(config: TauAppConfig, model: Path, run_dir: Path) -> Any:
-    """grpo-core's Ray run with engines serving ``model`` (the trainer ranks start later,
-    ``job.start_trainers``, from the SFT policy): a context manager stopping all at exit."""
-    from turnrl.grpo_core.placement.actors import EngineLaunch
-
-    launch = EngineLaunch(spec=engine_spec(config, model), log_dir=str(run_dir / "logs"))
-    return ray_run(placement_config(config), launch, torch_threads=config.model.torch_threads)
 
 
 def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[[], UserSimulator]:

@@ -1,0 +1,305 @@
+"""How an app's run is driven, the same in both apps: the run, its engines, its RL stage,
+its command line.
+
+- :func:`open_run`: the run folder claimed (a fresh one, or the one ``--resume``
+  continues), its ``config.json``, what an earlier run of it finished (``progress.json``),
+  torch's thread count, the step logger with the ``--logger`` trackers and the phase
+  timer, as one :class:`Run`; :meth:`Run.once` reuses a phase an earlier run finished and
+  :meth:`Run.finish` leaves ``summary.json`` and the PNG curves.
+- :func:`engine_fleet`: the engines serving a model, as the local runner's child processes
+  or a Ray run's actors (with the trainer ranks still to start), stopped at exit.
+- :class:`RLStage`: the RL stage on a built loop: resumed from the folder's latest
+  checkpoint, a progress bar over the steps, a checkpoint after the last.
+- :func:`run_main`: an app's ``main``: ``error:`` and exit code 2 on bad input, Ctrl-C's
+  exit code and ``--resume`` hint.
+
+Example::
+
+    with open_run("retool", config, resume=resume, console=console) as run:
+        with engine_fleet(spec, run.folder / "logs", placement=placement) as (urls, job):
+            before = await run.once("before", "evaluation before RL", evaluate)
+            stage = RLStage(console, total, on_metrics)
+            loop = build_loop(..., on_metrics=stage.on_metrics)
+            await stage.run(loop)
+        run.finish(summary)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from turnrl.grpo_core.recipe.evaluation import Phases, render_run_curves, write_summary
+from turnrl.grpo_core.recipe.run_folder import (
+    claim_run_dir,
+    default_run_dir,
+    interrupted,
+    load_progress,
+    save_progress,
+)
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.loop import GRPOLoop
+    from turnrl.grpo_core.observe.logger import StepLogger
+    from turnrl.grpo_core.placement.plan import PlacementConfig
+    from turnrl.rollout_router.engine import EngineSpec
+
+T = TypeVar("T")
+
+
+class RunConfig(Protocol):
+    """What :func:`open_run` reads of an app's config (a dataclass)."""
+
+    @property
+    def run_dir(self) -> str | None:
+        """The run folder (None: ``runs/<app>-<timestamp>``)."""
+
+    @property
+    def logger(self) -> list[str]:
+        """The ``--logger`` trackers (``make_trackers`` names)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready dicts (what ``config.json`` holds)."""
+
+
+C = TypeVar("C", bound=RunConfig)
+
+
+@dataclass
+class Run(Generic[C]):
+    """One run of an app, opened by :func:`open_run`."""
+
+    folder: Path
+    """The run folder."""
+    config: C
+    """The app's config, its ``run_dir`` the folder (as ``config.json`` holds it)."""
+    progress: dict[str, Any]
+    """Results of the phases an earlier run of the folder finished (``{}`` on a fresh run)."""
+    logger: StepLogger
+    """``metrics.jsonl``, TensorBoard and the trackers."""
+    phases: Phases
+    """Seconds per phase, announced on the console."""
+    console: Console
+    """Where the run's lines go."""
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    """``time.perf_counter()`` when the run was opened."""
+
+    def seconds(self) -> float:
+        """Wall-clock seconds since the run was opened."""
+        return time.perf_counter() - self.started
+
+    def remember(self, key: str, value: Any) -> None:
+        """Keep ``value`` (JSON) as phase ``key``'s result in ``progress.json``."""
+        self.progress[key] = value
+        save_progress(self.folder, self.progress)
+
+    async def once(self, key: str, what: str, compute: Callable[[], Awaitable[T]]) -> T:
+        """Phase ``key``'s result: read from ``progress.json`` when an earlier run of the
+        folder finished it (saying so, ``what`` naming the phase), else ``await compute()``,
+        remembered for a later resume."""
+        if key in self.progress:
+            self.console.print(f"{what}: from progress.json (resumed run)")
+            value: T = self.progress[key]
+            return value
+        value = await compute()
+        self.remember(key, value)
+        return value
+
+    def finish(self, summary: dict[str, Any]) -> list[Path]:
+        """Close the logger, write ``summary.json`` and draw the run's PNG curves (a warning
+        and none when they cannot be drawn); returns the curves' paths."""
+        self.logger.close()  # flushed: the curves are read from metrics.jsonl
+        write_summary(self.folder / "summary.json", summary)
+        return render_run_curves(self.folder, self.console)
+
+
+@contextlib.contextmanager
+def open_run(
+    app: str, config: C, *, resume: bool, console: Console, torch_threads: int = 0
+) -> Iterator[Run[C]]:
+    """Open a run of ``app`` (the logger is closed at exit).
+
+    Claims ``config.run_dir`` (see :func:`~turnrl.grpo_core.recipe.run_folder.claim_run_dir`),
+    writes the config with that folder to ``config.json``, reads ``progress.json`` when
+    ``resume``, sets torch's CPU threads when ``torch_threads`` > 0, and opens the step
+    logger (``metrics.jsonl``, TensorBoard, the trackers ``config.logger`` names, as
+    project ``turnrl-<app>``).
+
+    Raises:
+        ValueError: a fresh run names a folder that holds a run; a corrupt progress file.
+    """
+    from turnrl.grpo_core.observe.logger import StepLogger
+    from turnrl.grpo_core.observe.trackers import make_trackers
+
+    started = time.perf_counter()
+    folder = claim_run_dir(config.run_dir, app, resume=resume)
+    config = dataclasses.replace(config, run_dir=str(folder))  # type: ignore[type-var]
+    data = config.to_dict()
+    (folder / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    progress = load_progress(folder) if resume else {}
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    trackers = make_trackers(config.logger, folder, f"turnrl-{app}", folder.name, data)
+    logger = StepLogger(folder, console=False, trackers=trackers)
+    try:
+        yield Run(folder, config, progress, logger, Phases(console), console, started)
+    finally:
+        logger.close()
+
+
+class Fleet(NamedTuple):
+    """The engines of a run."""
+
+    urls: list[str]
+    """Where each engine serves."""
+    job: Any
+    """The ``RayGRPORun`` that placed them (its trainer ranks not started), or None for
+    the local runner's child processes."""
+
+
+@contextlib.contextmanager
+def engine_fleet(
+    spec: EngineSpec,
+    log_dir: Path,
+    *,
+    placement: PlacementConfig | None = None,
+    num_local: int = 1,
+    torch_threads: int = 0,
+) -> Iterator[Fleet]:
+    """Start the engines serving ``spec``; everything started is stopped at exit.
+
+    With a ``placement``, a Ray run (:func:`~turnrl.grpo_core.recipe.cluster.ray_run`)
+    places the engines and, later, the trainer ranks (``job.start_trainers``, e.g. once
+    SFT wrote their model); without, ``num_local`` engines are started as child processes
+    (:func:`~turnrl.grpo_core.recipe.engines.start_local_engines`). Blocks until they are
+    healthy, so an app that trains meanwhile enters it from a worker thread.
+
+    Args:
+        spec: What every engine serves (the port is chosen where it starts).
+        log_dir: Where the engines' logs go.
+        placement: The Ray run's trainer ranks and engines, or None for the local runner.
+        num_local: How many engines the local runner starts.
+        torch_threads: CPU threads of each Ray trainer rank (0: one per core).
+    """
+    if placement is not None:
+        from turnrl.grpo_core.placement.actors import EngineLaunch
+        from turnrl.grpo_core.recipe.cluster import ray_run
+
+        launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
+        with ray_run(placement, launch, torch_threads=torch_threads) as job:
+            yield Fleet(list(job.engine_urls), job)
+        return
+    from turnrl.grpo_core.recipe.engines import start_local_engines
+
+    servers = start_local_engines(spec, num_local, log_dir)
+    try:
+        yield Fleet([server.url for server in servers], None)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+class RLStage:
+    """The RL stage over a built loop: resumed from the run folder's latest checkpoint, a
+    progress bar of the steps (the last step's reward), a checkpoint after the last step.
+
+    Hand :meth:`on_metrics` to the loop (``build_loop(..., on_metrics=stage.on_metrics)``),
+    then :meth:`run` it.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        total: int,
+        on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+        label: str = "GRPO",
+    ) -> None:
+        """``total`` steps in all (those a resumed run did included); ``on_metrics`` gets
+        every step's metrics before the bar advances."""
+        self.console, self.total, self.label = console, total, label
+        self.user_on_metrics = on_metrics
+        self.bar: Progress | None = None
+
+    def on_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """The loop's metrics hook: the caller's, then one step on the bar."""
+        if self.user_on_metrics is not None:
+            self.user_on_metrics(step, metrics)
+        if self.bar is not None:
+            reward = metrics.get("rollout/reward_mean")
+            shown = self.label if reward is None else f"{self.label} reward {reward:+.2f}"
+            self.bar.update(self.bar.task_ids[0], advance=1, description=shown)
+
+    async def run(
+        self, loop: GRPOLoop, step: Callable[[], Awaitable[Any]] | None = None
+    ) -> list[dict[str, float]]:
+        """Run the steps the folder's checkpoints have not done yet; returns every step's
+        metrics (``loop.history``).
+
+        Args:
+            loop: Built with this stage's :meth:`on_metrics` and a ``checkpoint_dir``.
+            step: One step (e.g. DAPO's collect-then-learn), awaited once per step left;
+                None runs them with ``loop.run`` (which an asynchronous loop overlaps).
+        """
+        if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
+            self.console.print(
+                f"resumed {self.label} from {checkpoint} ({loop.step}/{self.total} steps done)"
+            )
+        left = self.total - loop.step
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+        with Progress(*columns, TimeElapsedColumn(), console=self.console, transient=True) as bar:
+            bar.add_task(self.label, total=self.total, completed=loop.step)
+            self.bar = bar
+            try:
+                if step is None:
+                    await loop.run(left)
+                else:
+                    for _ in range(left):
+                        await step()
+            finally:
+                self.bar = None
+        loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
+        return loop.history
+
+
+def run_main(
+    app: str, prepare: Callable[[str], tuple[str, Coroutine[Any, Any, Any]] | None]
+) -> int:
+    """An app's ``main``; returns the process exit code.
+
+    Runs ``prepare(default_run_dir)``: it reads the command line and returns the run folder
+    (the default when none was named, so Ctrl-C's hint can name it) and the run to await,
+    or None when there is nothing to run (e.g. ``--print-config``). The run's engines and
+    sandbox stop on the way out of their context managers; an app that starts engines
+    from a worker thread installs ``turnrl.npu_runtime.supervise.install_signal_handlers``
+    before calling this (only the main thread may set signal handlers).
+
+    Returns:
+        0; 2 after ``error: ...`` on stderr for bad input (``ValueError``,
+        ``FileNotFoundError``); 130 after Ctrl-C, with the ``--resume`` hint.
+    """
+    run_dir = None
+    try:
+        prepared = prepare(default_run_dir(app))
+        if prepared is None:
+            return 0
+        run_dir, work = prepared
+        asyncio.run(work)
+    except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the engines, sandbox and Ray were stopped on the way out
+        return interrupted(app, run_dir)
+    return 0

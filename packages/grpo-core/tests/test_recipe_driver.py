@@ -1,0 +1,240 @@
+"""The run driver both apps' main.py compose (turnrl.grpo_core.recipe.driver): the run
+folder and its resume, the engine fleet's stop at exit, the RL stage over a loop, the exit
+codes of ``main``. Real engines and Ray are the apps' smoke runs (engine-cpu session)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from turnrl.grpo_core.recipe import driver
+from turnrl.grpo_core.recipe.driver import RLStage, engine_fleet, open_run, run_main
+from turnrl.rollout_router.engine import EngineSpec
+
+
+@dataclasses.dataclass
+class AppConfig:
+    run_dir: str | None = None
+    logger: list[str] = dataclasses.field(default_factory=list)
+    lr: float = 0.1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def quiet() -> Console:
+    return Console(record=True, width=200)
+
+
+def test_a_fresh_run_claims_its_folder_and_writes_the_config(tmp_path: Path) -> None:
+    given = AppConfig(run_dir=f"{tmp_path}/run/")
+    with open_run("demo", given, resume=False, console=quiet()) as run:
+        assert run.folder == tmp_path / "run" and run.progress == {}
+        assert run.config.run_dir == str(tmp_path / "run") and given.run_dir.endswith("/")
+        run.logger(1, {"loss": 0.5})
+        with run.phases("data"):
+            pass
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved == {"run_dir": str(tmp_path / "run"), "logger": [], "lr": 0.1}
+    assert set(run.phases.seconds) == {"data"} and run.seconds() > 0
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1]  # the logger was closed at exit
+    again = AppConfig(run_dir=str(tmp_path / "run"))
+    with (
+        pytest.raises(ValueError, match="already holds a run"),
+        open_run(  # nothing written over
+            "demo", again, resume=False, console=quiet()
+        ),
+    ):
+        pass
+
+
+def test_a_resumed_run_reuses_the_phases_it_finished(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    async def evaluate() -> dict[str, float]:
+        calls.append("evaluate")
+        return {"acc": 0.25}
+
+    config = AppConfig(run_dir=str(tmp_path))
+    with open_run("demo", config, resume=False, console=quiet()) as run:
+        assert asyncio.run(run.once("before", "evaluation before RL", evaluate)) == {"acc": 0.25}
+        run.remember("sft", {"steps": 3})
+    console = quiet()
+    with open_run("demo", config, resume=True, console=console) as run:
+        assert run.progress == {"before": {"acc": 0.25}, "sft": {"steps": 3}}
+        assert asyncio.run(run.once("before", "evaluation before RL", evaluate)) == {"acc": 0.25}
+    assert calls == ["evaluate"]  # computed once, read back on resume
+    assert "evaluation before RL: from progress.json (resumed run)" in console.export_text()
+    with open_run(
+        "demo", AppConfig(run_dir=str(tmp_path / "new")), resume=True, console=quiet()
+    ) as run:
+        assert run.progress == {}  # --resume of a folder that finished nothing
+
+
+def test_finish_writes_the_summary_after_flushing_the_metrics(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    with open_run("demo", AppConfig(run_dir=str(tmp_path)), resume=False, console=quiet()) as run:
+        for step in (1, 2):
+            run.logger(step, {"rollout/reward_mean": 0.1 * step})
+        curves = run.finish({"steps": 2, "path": tmp_path})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {
+        "path": str(tmp_path),
+        "steps": 2,
+    }
+    assert curves and all(p.read_bytes()[:4] == b"\x89PNG" for p in curves)
+
+
+def test_torch_threads_are_set_only_when_asked(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        with open_run(
+            "demo", AppConfig(run_dir=str(tmp_path / "a")), resume=False, console=quiet()
+        ):
+            assert torch.get_num_threads() == before
+        with open_run(
+            "demo",
+            AppConfig(run_dir=str(tmp_path / "b")),
+            resume=False,
+            console=quiet(),
+            torch_threads=1,
+        ):
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+class FakeServer:
+    def __init__(self, index: int, stopped: list[int]) -> None:
+        self.url, self.index, self.stopped = f"http://127.0.0.1:{9000 + index}", index, stopped
+
+    def stop(self) -> None:
+        self.stopped.append(self.index)
+
+
+def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import turnrl.grpo_core.recipe.engines as engines
+
+    stopped: list[int] = []
+    asked: list[tuple[int, Path]] = []
+
+    def start(spec: EngineSpec, count: int, log_dir: Path) -> list[FakeServer]:
+        asked.append((count, log_dir))
+        return [FakeServer(i, stopped) for i in range(count)]
+
+    monkeypatch.setattr(engines, "start_local_engines", start)
+    spec = EngineSpec(model="m", device="cpu")
+    with engine_fleet(spec, tmp_path, num_local=2) as (urls, job):
+        assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"] and job is None
+        assert stopped == []
+    assert stopped == [0, 1] and asked == [(2, tmp_path)]
+    with pytest.raises(RuntimeError, match="SFT failed"), engine_fleet(spec, tmp_path):
+        raise RuntimeError("SFT failed")
+    assert stopped == [0, 1, 0]
+
+
+class FakeLoop:
+    """What RLStage uses of a GRPOLoop: resume_latest, step, run, history, ensure_checkpoint."""
+
+    def __init__(self, on_metrics: Any, done: int = 0) -> None:
+        self.on_metrics, self.done = on_metrics, done
+        self.step, self.history, self.checkpoints = 0, [], []
+
+    async def resume_latest(self) -> Path | None:
+        if not self.done:
+            return None
+        self.step, self.history = self.done, [{"rollout/reward_mean": 0.0}] * self.done
+        return Path(f"checkpoints/step_{self.done}")
+
+    async def run_step(self) -> None:
+        self.step += 1
+        metrics = {"rollout/reward_mean": float(self.step)}
+        self.history.append(metrics)
+        self.on_metrics(self.step, metrics)
+
+    async def run(self, num_steps: int) -> list[dict[str, float]]:
+        for _ in range(num_steps):
+            await self.run_step()
+        return self.history
+
+    def ensure_checkpoint(self) -> Path:
+        self.checkpoints.append(self.step)
+        return Path(f"checkpoints/step_{self.step}")
+
+
+@pytest.mark.parametrize("by_step", [False, True])
+def test_the_rl_stage_runs_the_steps_a_resumed_folder_has_left(by_step: bool) -> None:
+    seen: list[int] = []
+    console = quiet()
+    stage = RLStage(console, 5, lambda step, metrics: seen.append(step))
+    loop = FakeLoop(stage.on_metrics, done=2)
+    history = asyncio.run(stage.run(loop, loop.run_step if by_step else None))  # type: ignore[arg-type]
+    assert seen == [3, 4, 5] and len(history) == 5 and loop.checkpoints == [5]
+    assert "resumed GRPO from checkpoints/step_2 (2/5 steps done)" in console.export_text()
+    stage.on_metrics(6, {})  # after the stage, the hook still reaches the caller (no bar)
+    assert seen[-1] == 6
+
+
+def test_a_failed_rl_stage_writes_no_extra_checkpoint() -> None:
+    stage = RLStage(quiet(), 3)
+    loop = FakeLoop(stage.on_metrics)
+
+    async def failing() -> None:
+        await loop.run_step()
+        raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(stage.run(loop, failing))  # type: ignore[arg-type]
+    assert loop.step == 1 and loop.checkpoints == []  # the loop's own interval decides
+
+
+def test_main_exit_codes_and_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    defaults: list[str] = []
+
+    def nothing(default: str) -> None:
+        defaults.append(default)
+        return None
+
+    assert run_main("demo", nothing) == 0
+    assert defaults[0].startswith("runs/demo-")
+
+    def bad_input(default: str) -> Any:
+        raise ValueError("--lr must be > 0")
+
+    assert run_main("demo", bad_input) == 2
+    assert "error: --lr must be > 0" in capsys.readouterr().err
+
+    async def interrupted_run() -> None:
+        raise KeyboardInterrupt
+
+    assert run_main("demo", lambda default: ("runs/x", interrupted_run())) == 130
+    assert "continue with: uv run apps/demo --resume --run-dir runs/x" in capsys.readouterr().err
+
+    finished: list[bool] = []
+
+    async def finishing() -> None:
+        finished.append(True)
+
+    assert run_main("demo", lambda default: (default, finishing())) == 0 and finished == [True]
+
+
+def test_the_driver_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, turnrl.grpo_core.recipe.driver as d; "
+        "assert 'torch' not in sys.modules, 'torch imported'; print(d.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert driver.__name__ in out.stdout
