@@ -34,9 +34,15 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     flags += ["--num-engines", "2", "--num-rollout", "3", "--save-interval", "1"]
     # Ctrl-C (one SIGINT, passed on to the app by the supervisor) once step 2's checkpoint
     # is written: the app stops its engines, sandbox and Ray and leaves nothing running
-    # (the supervisor names leftovers).
+    # (the supervisor names leftovers). SIGINT starts at its default: a background job
+    # (``cmd &``) inherits it ignored.
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
-        app = subprocess.Popen([*cmd, *flags], stdout=out_file, stderr=err_file)
+        app = subprocess.Popen(
+            [*cmd, *flags],
+            stdout=out_file,
+            stderr=err_file,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         step_2 = run_dir / "checkpoints" / "step_2" / "trainer_state.json"
         deadline = time.monotonic() + 840
         while not step_2.is_file() and app.poll() is None and time.monotonic() < deadline:

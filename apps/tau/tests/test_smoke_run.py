@@ -122,6 +122,11 @@ def test_resume_continues_the_run(smoke_run: tuple[Path, str, dict[str, Any]]) -
     assert (run_dir / "checkpoints" / "step_3").is_dir()
 
 
+def ctrl_c_at_default() -> None:
+    """In the child before exec: SIGINT back to its default (see the test below)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -> None:
@@ -129,8 +134,10 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     the app (as Ctrl-C sends it) after step 1's checkpoint stops the engine and prints the
     resume command; --resume runs the steps left, every step synced to the engine, which
     samples from the trainer's weights. The app runs under the supervisor, which names
-    anything it left running; the signal goes to the app itself (twice under load, sent
-    through the supervisor, the app ran on to its end: not explained yet)."""
+    anything it left running; the signal goes to the app itself. The supervisor starts with
+    SIGINT at its default: a shell runs a background job (``cmd &``) with SIGINT ignored,
+    and an ignored SIGINT is inherited through exec, so a test session started that way
+    would start an app that rightly ignores Ctrl-C (what twice made this test fail)."""
     run_dir = tmp_path / "run"
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     steps = 8
@@ -138,7 +145,10 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     args += ["--save-interval", "1"]
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
         app = subprocess.Popen(
-            [*supervise, sys.executable, str(APP), *args], stdout=out_file, stderr=err_file
+            [*supervise, sys.executable, str(APP), *args],
+            stdout=out_file,
+            stderr=err_file,
+            preexec_fn=ctrl_c_at_default,
         )
         step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
         deadline = time.monotonic() + 840
