@@ -285,3 +285,29 @@ def test_the_attention_settings_choose_the_layer_spec_and_reach_megatron() -> No
     )
     with pytest.raises(ValueError, match="--attention-backend must be one of local, flash"):
         MegatronParallelConfig(attention_backend="sdpa")
+
+
+def test_the_scripts_architecture_flags_match_qwen3_4b_and_a_wrong_one_is_named() -> None:
+    arch = QwenArchitecture.from_hf_config(QWEN3_4B)
+    script = {  # slime's scripts/models/qwen3-4B.sh (tied embeddings: no --untie flag)
+        "num_layers": 36,
+        "hidden_size": 2560,
+        "ffn_hidden_size": 9728,
+        "num_attention_heads": 32,
+        "group_query_attention": True,
+        "num_query_groups": 8,
+        "kv_channels": 128,
+        "vocab_size": 151936,
+        "normalization": "RMSNorm",
+        "norm_epsilon": 1e-6,
+        "rotary_base": 5000000,
+        "swiglu": True,
+        "disable_bias_linear": True,
+        "qk_layernorm": True,
+        "use_rotary_position_embeddings": True,
+    }
+    arch.check_flags(script, "Qwen3-4B")
+    with pytest.raises(ValueError, match=r"--num-layers 28 \(the model has 36\)"):
+        arch.check_flags({**script, "num_layers": 28}, "Qwen3-4B")
+    with pytest.raises(ValueError, match="unknown architecture flags: seq_len"):
+        arch.check_flags({"seq_len": 1}, "Qwen3-4B")

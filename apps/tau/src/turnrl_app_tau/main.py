@@ -260,31 +260,7 @@ def check_model_split(config: TauAppConfig, model: Path) -> None:
     trainer = trainer_config(config, model)
     trainer.parallel.check_model(arch)  # type: ignore[attr-defined]  # a MegatronEngineConfig
     # The script's architecture flags describe the model the bridge reads: they must agree.
-    expected: dict[str, Any] = {
-        "num_layers": arch.num_layers,
-        "hidden_size": arch.hidden_size,
-        "ffn_hidden_size": arch.ffn_hidden_size,
-        "num_attention_heads": arch.num_attention_heads,
-        "num_query_groups": arch.num_query_groups,
-        "kv_channels": arch.head_dim,
-        "vocab_size": arch.vocab_size,
-        "rotary_base": arch.rope_theta,
-        "norm_epsilon": arch.rms_norm_eps,
-        "normalization": "RMSNorm",
-        "swiglu": True,
-        "group_query_attention": arch.num_query_groups < arch.num_attention_heads,
-        "use_rotary_position_embeddings": True,
-        "disable_bias_linear": True,
-        "qk_layernorm": arch.qk_layernorm,
-        "untie_embeddings_and_output_weights": not arch.tie_word_embeddings,
-    }
-    wrong = [
-        f"--{key.replace('_', '-')} {value} (the model has {expected[key]})"
-        for key, value in config.model.arch.items()
-        if value != expected[key]
-    ]
-    if wrong:
-        raise ValueError(f"architecture flags that do not match {model}: " + "; ".join(wrong))
+    arch.check_flags(config.model.arch, str(model))
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:

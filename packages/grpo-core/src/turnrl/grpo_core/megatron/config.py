@@ -131,6 +131,46 @@ class QwenArchitecture:
             tie_word_embeddings=bool(_get(config, "tie_word_embeddings", False)),
         )
 
+    def megatron_flags(self) -> dict[str, Any]:
+        """The model-architecture flags of slime's Megatron model scripts (``--num-layers``,
+        ``--swiglu``, ...) that describe this model, by flag name without dashes."""
+        return {
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "ffn_hidden_size": self.ffn_hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_query_groups": self.num_query_groups,
+            "kv_channels": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rotary_base": self.rope_theta,
+            "norm_epsilon": self.rms_norm_eps,
+            "normalization": "RMSNorm",
+            "swiglu": True,
+            "group_query_attention": self.num_query_groups < self.num_attention_heads,
+            "use_rotary_position_embeddings": True,
+            "disable_bias_linear": True,
+            "qk_layernorm": self.qk_layernorm,
+            "untie_embeddings_and_output_weights": not self.tie_word_embeddings,
+        }
+
+    def check_flags(self, flags: dict[str, Any], where: str) -> None:
+        """Refuse architecture flags (as :meth:`megatron_flags` names them) that do not
+        describe this model, read from ``where``: the bridge loads the model's own shape.
+
+        Raises:
+            ValueError: each wrong flag with the model's value, or an unknown flag.
+        """
+        expected = self.megatron_flags()
+        if unknown := sorted(set(flags) - set(expected)):
+            raise ValueError(f"unknown architecture flags: {', '.join(unknown)}")
+        wrong = [
+            f"--{key.replace('_', '-')} {value} (the model has {expected[key]})"
+            for key, value in flags.items()
+            if value != expected[key]
+        ]
+        if wrong:
+            raise ValueError(f"architecture flags that do not match {where}: " + "; ".join(wrong))
+
 
 ATTENTION_BACKENDS = ("local", "flash", "fused", "unfused", "auto")
 """``--attention-backend`` values: megatron-core's ``local`` spec, or Transformer Engine's."""
