@@ -20,11 +20,11 @@ from turnrl_app_retool.episodes import (
     summarize,
     verl_num_turns,
 )
-from turnrl_app_retool.synth import make_problems
 
 from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.math_synth import make_problems
 from turnrl.tool_envs.protocol import Generation, SamplingParams
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox

@@ -20,13 +20,13 @@ from typing import Any
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr
 from turnrl.rewards import MathRewardConfig, RetoolRewardConfig, retool_reward, score_math
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.math_data import MathTask
 from turnrl.tool_envs.protocol import SamplingParams, TokenEngine
 from turnrl.tool_envs.retool import RetoolConfig, RetoolEnv
 from turnrl.tool_envs.rollout import RolloutConfig, group_requests, run_episodes
 from turnrl.tool_envs.sandbox import SandboxClient
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
 from turnrl_app_retool.config import RetoolAppConfig
-from turnrl_app_retool.data import MathTask
 
 MATH_SCORING = MathRewardConfig(mode="strict")
 

@@ -26,9 +26,15 @@ from rich.table import Table
 
 from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
+from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
+from turnrl.tool_envs.math_synth import (
+    DATA_SOURCE,
+    iter_sft_chats,
+    make_problems,
+    train_and_heldout,
+)
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
-from turnrl_app_retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl_app_retool.episodes import (
     episode_settings,
     generations_text,
@@ -37,7 +43,6 @@ from turnrl_app_retool.episodes import (
     summarize,
 )
 from turnrl_app_retool.rl import make_trainer, run_rl_stage
-from turnrl_app_retool.synth import DATA_SOURCE, iter_sft_chats, make_problems, train_and_heldout
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.observe.logger import StepLogger

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from turnrl.tool_envs.math_data import MathTask
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
-from turnrl_app_retool.data import MathTask
 from turnrl_app_retool.episodes import run_tasks
 
 if TYPE_CHECKING:

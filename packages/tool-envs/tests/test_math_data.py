@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from turnrl_app_retool.data import (
+
+from turnrl.tool_envs.math_data import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     DatasetError,
