@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CODE_INTERPRETER = "code_interpreter"
+CODE_TOOL = "code_interpreter"
+"""The name of the code tool (`turnrl.tool_envs.retool.CODE_INTERPRETER` is its schema)."""
 DAPO_PREFIX = "Solve the following math problem step by step."
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 _SEGMENT = re.compile(r"<code>(.*?)</code>|<interpreter>(.*?)</interpreter>", re.DOTALL)
@@ -205,7 +206,7 @@ def split_assistant(content: str, call_prefix: str = "call") -> list[dict[str, A
                 "id": f"{call_prefix}-{number}",
                 "type": "function",
                 "function": {
-                    "name": CODE_INTERPRETER,
+                    "name": CODE_TOOL,
                     "arguments": {"code": _code_of(match.group(1))},
                 },
             }
@@ -219,7 +220,7 @@ def split_assistant(content: str, call_prefix: str = "call") -> list[dict[str, A
                 {
                     "role": "tool",
                     "tool_call_id": last["tool_calls"][0]["id"],
-                    "name": CODE_INTERPRETER,
+                    "name": CODE_TOOL,
                     "content": match.group(2).strip(),
                 }
             )

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from turnrl.tool_envs.math_data import CODE_INTERPRETER, MathTask
+from turnrl.tool_envs.math_data import CODE_TOOL, MathTask
 
 DATA_SOURCE = "synth_arith"
 
@@ -105,7 +105,7 @@ def sft_chat(
     call = {
         "id": call_id,
         "type": "function",
-        "function": {"name": CODE_INTERPRETER, "arguments": {"code": code}},
+        "function": {"name": CODE_TOOL, "arguments": {"code": code}},
     }
     return [
         {"role": "user", "content": f"{problem.problem}\n\n{instruction}"},
@@ -113,7 +113,7 @@ def sft_chat(
         {
             "role": "tool",
             "tool_call_id": call_id,
-            "name": CODE_INTERPRETER,
+            "name": CODE_TOOL,
             "content": f"{problem.answer}",
         },
         {"role": "assistant", "content": f"The result is \\boxed{{{problem.answer}}}."},
