@@ -15,12 +15,8 @@ from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, smoke
 from turnrl_app_tau.data import (
     SHORT_SYSTEM_PROMPT,
-    TaskUser,
     extra_store_conversations,
-    first_person,
-    gold_conversation,
     load_tasks_and_domain,
-    short_tool_schemas,
 )
 from turnrl_app_tau.episodes import (
     REWARDS,
@@ -34,40 +30,13 @@ from turnrl_app_tau.training import prefix, sft_lr
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.rewards.tau import TauRewardInput
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation
 from turnrl.tool_envs.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
     return ChatTokenizer.from_dir(build_tiny_model(tmp_path_factory.mktemp("tiny")))
-
-
-async def test_scripted_user() -> None:
-    user = TaskUser()
-    opening = await user.reset("Your name is Ada and you want to cancel your order #W1.")
-    assert opening == "Hi. My name is Ada and I want to cancel my order #W1."
-    assert await user.respond("I will cancel it. Please confirm with yes.") == "yes"
-    assert await user.respond("Please confirm again?") == "###STOP###"
-    assert first_person("You moved.") == "I moved."
-
-
-def test_short_tools_drop_descriptions_only() -> None:
-    schema = {
-        "type": "function",
-        "function": {
-            "name": "f",
-            "description": "long",
-            "parameters": {
-                "type": "object",
-                "properties": {"x": {"type": "string", "description": "d"}},
-                "required": ["x"],
-            },
-        },
-    }
-    short = short_tool_schemas([schema])[0]
-    assert "description" not in short["function"]
-    assert short["function"]["parameters"]["properties"]["x"] == {"type": "string"}
-    assert short["function"]["parameters"]["required"] == ["x"]
 
 
 def test_load_errors(tmp_path: Path) -> None:
@@ -176,7 +145,8 @@ def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
 _DATA_DIGEST = """
 import dataclasses, hashlib, json
 from turnrl_app_tau.config import smoke
-from turnrl_app_tau.data import gold_conversation, load_tasks_and_domain
+from turnrl_app_tau.data import load_tasks_and_domain
+from turnrl.tool_envs.tau.gold import gold_conversation
 settings = dataclasses.replace(smoke().tau, synthetic_kinds=["status", "cancel"])
 data = load_tasks_and_domain(settings)
 train = [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]

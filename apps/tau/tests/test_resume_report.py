@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauSettings, smoke
-from turnrl_app_tau.data import TASK_KINDS, load_tasks_and_domain
+from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl_app_tau.main import main
 from turnrl_app_tau.report import trajectory_text, verdict
 from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
 
 from turnrl.grpo_core.recipe import load_progress
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
+from turnrl.tool_envs.tau.synth import TASK_KINDS
 
 
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:

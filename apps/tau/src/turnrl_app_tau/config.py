@@ -226,7 +226,7 @@ class TauSettings:
     synthetic_kinds: list[str] = field(
         default_factory=lambda: ["status", "cancel", "address", "return", "exchange"]
     )
-    """Task kinds kept from the synthetic generator (``data.TASK_KINDS``: status, cancel,
+    """Task kinds kept from the synthetic generator (``tau.synth.TASK_KINDS``: status, cancel,
     address, return, exchange), each task about a distinct (kind, order)."""
     num_heldout: int = 12
     """Tasks held out for evaluation (the last ones)."""

@@ -1,61 +1,28 @@
-"""Tasks, users and gold conversations for the tau app.
+"""Tasks and gold conversations for the tau app.
 
-- :func:`load_tasks_and_domain`: the synthetic mini-retail domain (generated from a seed)
-  or tau-bench retail/airline data from ``--tau-bench-dir``, split into train and held-out.
-- :class:`TaskUser`: the scripted customer. It opens with the task's instruction in the
-  first person, answers ``yes`` once when the agent asks to confirm, and otherwise ends
-  the conversation (``###STOP###``): enough to finish every synthetic task, and a cheap,
-  deterministic stand-in for the LLM user on real tasks.
-- :func:`gold_conversation`: a task's gold actions played as an agent conversation (tool
-  calls with their real results, a confirmation before each write, a closing message that
-  states the required outputs), for the SFT warm-up.
-- :func:`short_tool_schemas`: tool schemas without descriptions (vime's ``TAU_SHORT_TOOLS``).
+:func:`load_tasks_and_domain`: the synthetic mini-retail domain (generated from a seed),
+tau-bench retail/airline data from ``--tau-bench-dir`` or tau2-bench data from
+``--tau2-dir``, split into train and held-out. The scripted customer and the gold
+conversations are turnrl-tool-envs' (``turnrl.tool_envs.tau.gold``, ``tau2.gold``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from turnrl.tool_envs.tau import Task, TauDomain, load_tasks
 from turnrl.tool_envs.tau import synth as tau_synth
+from turnrl.tool_envs.tau.gold import gold_conversation
+from turnrl.tool_envs.tau.synth import TASK_KINDS
+from turnrl.tool_envs.tau2 import gold as tau2_gold
 from turnrl.tool_envs.tau2 import tasks as tau2_tasks
 from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
-from turnrl.tool_envs.tau2.env import GREETING
-from turnrl.tool_envs.tau2.toolkit import ToolKind
-from turnrl.tool_envs.user_sim import STOP_TOKEN
 from turnrl_app_tau.config import TauSettings
 
-READ_ONLY_TOOLS = frozenset(
-    {
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
-        "get_order_details",
-        "get_product_details",
-        "get_user_details",
-        "list_all_product_types",
-        "calculate",
-        "think",
-        "get_reservation_details",
-        "search_direct_flight",
-        "search_onestop_flight",
-        "list_all_airports",
-    }
-)
-CONFIRM_WORDS = ("confirm", "yes")
-TASK_KINDS: dict[str, str] = {
-    "status": "get_order_details",
-    "cancel": "cancel_pending_order",
-    "address": "modify_pending_order_address",
-    "return": "return_delivered_order_items",
-    "exchange": "exchange_delivered_order_items",
-}
-"""Synthetic task kind -> the name of its last gold action."""
 SHORT_SYSTEM_PROMPT = "You are a retail customer service agent. Help the user with the tools."
 """System prompt in place of the policy when ``policy_in_prompt`` is off."""
 
@@ -83,7 +50,7 @@ class TaskData:
     def conversation(self, task: Any) -> list[dict[str, Any]]:
         """``task`` solved by its gold actions, as the scripted user would answer it."""
         if isinstance(self.domain, Tau2Domain):
-            return tau2_gold_conversation(self.domain, task)
+            return tau2_gold.gold_conversation(self.domain, task)
         return gold_conversation(self.domain, task, self.domain.wiki)
 
 
@@ -241,152 +208,3 @@ def store_conversations(settings: TauSettings, offset: int) -> list[list[dict[st
     )
     data = load_tasks_and_domain(other)
     return [data.conversation(t) for t in data.train]
-
-
-def first_person(instruction: str) -> str:
-    """The instruction rewritten as the customer's own words (You -> I, your -> my)."""
-    text = re.sub(r"\bYour\b", "My", instruction)
-    text = re.sub(r"\byour\b", "my", text)
-    text = re.sub(r"\b[Yy]ou\b", "I", text)
-    return text.replace("I no longer need it", "I no longer need it").strip()
-
-
-class TaskUser:
-    """The scripted customer (meets ``turnrl.tool_envs.protocol.UserSimulator``)."""
-
-    def __init__(self) -> None:
-        self.instruction = ""
-        self.confirmed = False
-        self.turns = 0
-
-    async def reset(self, instruction: str) -> str:
-        """Open the conversation with the instruction in the first person."""
-        self.instruction, self.confirmed, self.turns = instruction, False, 0
-        return f"Hi. {first_person(instruction)}"
-
-    async def respond(self, agent_message: str) -> str:
-        """``yes`` to the first request for confirmation, else end the conversation."""
-        self.turns += 1
-        lowered = agent_message.lower()
-        if not self.confirmed and any(word in lowered for word in CONFIRM_WORDS):
-            self.confirmed = True
-            return "yes"
-        return STOP_TOKEN
-
-
-def _call(index: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": f"call_{index}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(kwargs)},
-    }
-
-
-def confirm_message(name: str, kwargs: dict[str, Any]) -> str:
-    """What the agent says before a write action."""
-    target = kwargs.get("order_id") or kwargs.get("reservation_id") or kwargs.get("user_id", "")
-    return f"I will {name.replace('_', ' ')} for {target}. Please confirm with yes."
-
-
-def closing_message(outputs: Any) -> str:
-    """The agent's last message: the required outputs, or a short done."""
-    if outputs:
-        return "Here is what I found: " + ", ".join(outputs) + "."
-    return "Done. Is there anything else?"
-
-
-def gold_conversation(domain: TauDomain, task: Task, system: str) -> list[dict[str, Any]]:
-    """The task solved by its gold actions, as OpenAI-format messages (tool results real).
-
-    The scripted :class:`TaskUser` answers this conversation exactly as written, so an
-    agent that reproduces it earns the task's reward.
-    """
-    user = TaskUser()
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": f"Hi. {first_person(task.instruction)}"},
-    ]
-    db = domain.new_database()
-    for index, action in enumerate(task.actions):
-        if action.name not in READ_ONLY_TOOLS and not user.confirmed:
-            user.confirmed = True
-            messages.append(
-                {"role": "assistant", "content": confirm_message(action.name, action.kwargs)}
-            )
-            messages.append({"role": "user", "content": "yes"})
-        result = domain.invoke(db, action.name, action.kwargs)
-        messages.append(
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [_call(index, action.name, action.kwargs)],
-            }
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"call_{index}",
-                "name": action.name,
-                "content": result,
-            }
-        )
-    messages.append({"role": "assistant", "content": closing_message(task.outputs)})
-    return messages
-
-
-def tau2_gold_conversation(domain: Tau2Domain, task: tau2_tasks.Tau2Task) -> list[dict[str, Any]]:
-    """A tau2 task solved by its gold actions, answered as :class:`TaskUser` would: tau2's
-    opening, the scenario in the first person, a confirmation before the first write, real
-    tool results, the user asked to run its own actions (telecom), and a closing message
-    with the information to communicate."""
-    agent, phone = domain.start(task)
-    kinds = agent.tool_kinds()
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": domain.system_prompt},
-        {"role": "assistant", "content": GREETING},
-        {"role": "user", "content": f"Hi. {first_person(task.scenario)}"},
-    ]
-    confirmed = False
-    for index, (action, side) in enumerate(
-        zip(task.gold_actions, task.gold_requestors, strict=True)
-    ):
-        kwargs = dict(action.arguments)
-        if side == "user" and phone is not None:  # the user acts on the phone when asked
-            phone.call(action.name, kwargs)
-            domain.sync(agent, phone)
-            ask = f"Please {action.name.replace('_', ' ')} on your phone and tell me when done."
-            messages.append({"role": "assistant", "content": ask})
-            messages.append({"role": "user", "content": "Done."})
-            continue
-        if kinds.get(action.name) == ToolKind.WRITE and not confirmed:
-            confirmed = True
-            messages.append({"role": "assistant", "content": confirm_message(action.name, kwargs)})
-            messages.append({"role": "user", "content": "yes"})
-        result, _ = agent.call(action.name, kwargs)
-        domain.sync(agent, phone)
-        messages.append(
-            {"role": "assistant", "content": "", "tool_calls": [_call(index, action.name, kwargs)]}
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"call_{index}",
-                "name": action.name,
-                "content": result,
-            }
-        )
-    messages.append({"role": "assistant", "content": closing_message(task.communicate_info)})
-    return messages
-
-
-def short_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool schemas with every description removed (names, types and required kept)."""
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items() if k != "description"}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return [strip(schema) for schema in schemas]

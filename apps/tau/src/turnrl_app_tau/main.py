@@ -43,10 +43,11 @@ from turnrl.rollout_router.router import Router, RouterConfig
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
+from turnrl.tool_envs.tau.gold import short_tool_schemas
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.data import TaskData, load_tasks_and_domain, short_tool_schemas
+from turnrl_app_tau.data import TaskData, load_tasks_and_domain
 from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
 from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
 from turnrl_app_tau.training import (

@@ -3,7 +3,7 @@
 - :func:`build_policy`: ``--hf-checkpoint`` as given, or a tiny Qwen3 (seeded random
   weights, a small BPE tokenizer with the Qwen chat template) built in the run folder.
 - :func:`sft_warm_up`: SFT with loss on assistant tokens only, on every training task's
-  gold conversation (``data.gold_conversation``), exported as a Hugging Face folder the
+  gold conversation (``turnrl.tool_envs.tau.gold``), exported as a Hugging Face folder the
   engines reload.
 - :func:`trainer_config`, :func:`reference_kwargs`: what the GRPO trainer and the frozen
   reference policy (KL loss on) are built from, here or on each Ray rank
@@ -28,10 +28,10 @@ from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
+from turnrl.tool_envs.tau.gold import TaskUser
 from turnrl_app_tau.config import ParallelConfig, TauAppConfig, TauSettings
 from turnrl_app_tau.data import (
     TaskData,
-    TaskUser,
     extra_store_conversations,
     store_conversations,
 )

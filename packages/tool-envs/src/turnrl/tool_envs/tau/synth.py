@@ -223,6 +223,16 @@ def _identify(rng: random.Random, user_id: str, user: dict[str, Any]) -> tuple[s
     return text, Action("find_user_id_by_name_zip", kwargs)
 
 
+TASK_KINDS: dict[str, str] = {
+    "status": "get_order_details",
+    "cancel": "cancel_pending_order",
+    "address": "modify_pending_order_address",
+    "return": "return_delivered_order_items",
+    "exchange": "exchange_delivered_order_items",
+}
+"""Synthetic task kind -> the name of its last gold action."""
+
+
 def _task_for(kind: str, rng: random.Random, order: dict, tables: dict) -> Task | None:
     """One task of ``kind`` about ``order``, or ``None`` when the order does not fit."""
     user = tables["users"][order["user_id"]]
