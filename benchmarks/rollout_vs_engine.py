@@ -40,7 +40,6 @@ from typing import Any
 
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.data import load_tasks_and_domain
-from turnrl_app_tau.episodes import TauEpisodes
 from turnrl_app_tau.main import rollout_config, start_engines, tool_schemas
 from turnrl_app_tau.training import build_policy, make_user_factory
 
@@ -49,6 +48,7 @@ from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 
 @dataclass

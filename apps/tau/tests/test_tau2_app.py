@@ -12,12 +12,13 @@ import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, smoke
 from turnrl_app_tau.data import load_tasks_and_domain
-from turnrl_app_tau.episodes import TauEpisodes, evaluate
+from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.main import rollout_config, tool_schemas
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.tau.gold import TaskUser
+from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 TAU2_DIR = Path(
     os.environ.get("TURNRL_TAU2_DATA")

@@ -538,7 +538,7 @@ def qwen3_4b_npu() -> TauAppConfig:
             short_tools=False,
             # vime's generate_with_tau.generate is this app's own episode loop (the default);
             # its batched_tau_bench_rm (shaped reward over the group maximum) is:
-            custom_rm_path="turnrl_app_tau.episodes.batched_tau_rm",
+            custom_rm_path="turnrl.tool_envs.tau_episodes.batched_tau_rm",
         ),
         tau=TauSettings(
             domain="retail",

@@ -44,11 +44,12 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.tau.gold import short_tool_schemas
+from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain
-from turnrl_app_tau.episodes import REWARDS, TauEpisodes, evaluate
+from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
 from turnrl_app_tau.training import (
     SFT_DONE,
@@ -201,7 +202,7 @@ def check_supported(config: TauAppConfig) -> None:
                 raise ValueError(
                     f"{flag} {path}: cannot load it ({exc}); vime's generate_with_tau hooks are "
                     "this app's defaults (leave the flag out; their reward is "
-                    "turnrl_app_tau.episodes.batched_tau_rm)"
+                    "turnrl.tool_envs.tau_episodes.batched_tau_rm)"
                 ) from None
     if config.parallel.train_backend == "megatron":
         check_megatron(config)
