@@ -12,20 +12,14 @@ from pathlib import Path
 
 import pytest
 from turnrl_app_retool.config import preset
-from turnrl_app_retool.episodes import (
-    episode_settings,
-    generations_text,
-    per_problem_accuracy,
-    run_tasks,
-    summarize,
-    verl_num_turns,
-)
+from turnrl_app_retool.episodes import episode_settings, summarize
 
 from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.math_synth import make_problems
 from turnrl.tool_envs.protocol import Generation, SamplingParams
+from turnrl.tool_envs.retool_episodes import generations_text, per_problem_accuracy, run_tasks
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox
 
@@ -76,19 +70,6 @@ def tasks(num: int):
     # Plain products only ("What is a * b?"), the kind the scripted policy can compute.
     problems = [p for p in make_problems(200, seed=2) if p.problem.startswith("What is")]
     return [p.task(i) for i, p in enumerate(problems[:num])]
-
-
-def test_verl_turn_count() -> None:
-    one_round = [
-        {"role": "system"},
-        {"role": "user"},
-        {"role": "assistant"},
-        {"role": "tool"},
-        {"role": "tool"},
-        {"role": "assistant"},
-    ]
-    assert verl_num_turns(one_round) == 4  # user, assistant, tool block, assistant
-    assert verl_num_turns([{"role": "user"}, {"role": "assistant"}]) == 2
 
 
 async def test_tool_using_policy_is_correct_and_rewarded(chat, sandbox_client) -> None:

@@ -33,15 +33,10 @@ from turnrl.tool_envs.math_synth import (
     make_problems,
     train_and_heldout,
 )
+from turnrl.tool_envs.retool_episodes import generations_text, per_problem_accuracy, run_tasks
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
-from turnrl_app_retool.episodes import (
-    episode_settings,
-    generations_text,
-    per_problem_accuracy,
-    run_tasks,
-    summarize,
-)
+from turnrl_app_retool.episodes import episode_settings, summarize
 from turnrl_app_retool.rl import make_trainer, run_rl_stage
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnrl.tool_envs.math_data import MathTask
+from turnrl.tool_envs.retool_episodes import run_tasks
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
-from turnrl_app_retool.episodes import run_tasks
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.driver import Run
