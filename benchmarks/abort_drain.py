@@ -76,10 +76,15 @@ async def client_trial(client: EngineClient, delay: float, timeout: float) -> di
     }
 
 
-async def health_seconds(http: aiohttp.ClientSession, engine_url: str) -> float:
+async def health_seconds(http: aiohttp.ClientSession, engine_url: str) -> float | None:
+    """Seconds until the engine's ``/health`` answered; None when it did not (no connection
+    within aiohttp's timeout: the engine's API server was not running at all)."""
     start = time.monotonic()
-    async with http.get(engine_url + "/health") as resp:
-        await resp.read()
+    try:
+        async with http.get(engine_url + "/health") as resp:
+            await resp.read()
+    except (TimeoutError, aiohttp.ClientError):
+        return None
     return time.monotonic() - start
 
 
@@ -144,7 +149,11 @@ def summarise(trials: list[dict[str, object]]) -> dict[str, object]:
         "median_tokens": statistics.median(int(t["tokens"] or 0) for t in trials),
         "no_tokens": sum(not t["tokens"] for t in trials),
         "engine_health_max_s": max(
-            (float(t["engine_health_s"]) for t in trials if "engine_health_s" in t), default=None
+            (float(t["engine_health_s"]) for t in trials if t.get("engine_health_s") is not None),
+            default=None,
+        ),
+        "engine_health_unanswered": sum(
+            "engine_health_s" in t and t["engine_health_s"] is None for t in trials
         ),
     }
 
