@@ -226,6 +226,10 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
             ],
             "1 trainer rank(s) are not a multiple",
         ),
+        (
+            ["--preset", "qwen3-4b-gpu", "--device", "cpu", "--train-backend", "megatron"],
+            "--dtype bfloat16 with --train-backend megatron on --device cpu",
+        ),
     ],
 )
 def test_train_backend_settings_it_cannot_run_are_refused_at_start(

@@ -202,7 +202,7 @@ def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
         ),
         (
             [*MEGATRON_RAY[2:], "3", "--tensor-model-parallel-size", "2"],
-            "3 trainer ranks, not a multiple",
+            "3 trainer rank(s) are not a multiple",
         ),
         (
             [*MEGATRON_RAY[2:], "2", "--context-parallel-size", "2"],

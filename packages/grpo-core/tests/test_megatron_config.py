@@ -311,3 +311,19 @@ def test_the_scripts_architecture_flags_match_qwen3_4b_and_a_wrong_one_is_named(
         arch.check_flags({**script, "num_layers": 28}, "Qwen3-4B")
     with pytest.raises(ValueError, match="unknown architecture flags: seq_len"):
         arch.check_flags({"seq_len": 1}, "Qwen3-4B")
+
+
+def test_a_run_this_machine_cannot_train_is_refused_by_flag() -> None:
+    from turnrl.grpo_core.megatron.config import check_run
+    from turnrl.grpo_core.megatron.model import megatron_available
+
+    tp2 = MegatronParallelConfig(tensor_model_parallel_size=2)
+    with pytest.raises(ValueError, match="--dtype bfloat16 with --train-backend megatron on"):
+        check_run(tp2, 2, "cpu", "bfloat16", "--trainer-ranks")
+    with pytest.raises(ValueError, match=r"3 trainer rank\(s\) are not a multiple .* = 2 \(--x\)"):
+        check_run(tp2, 3, "gpu", "bfloat16", "--x")
+    if megatron_available():
+        check_run(tp2, 4, "cpu", "float32", "--trainer-ranks")
+    else:
+        with pytest.raises(ValueError, match="needs megatron-core: pip install"):
+            check_run(tp2, 4, "cpu", "float32", "--trainer-ranks")

@@ -370,22 +370,15 @@ class RetoolAppConfig:
                     "does not act on it (--train-backend megatron)"
                 )
             return
-        if tp < 1 or e.trainer_ranks % tp:
-            raise ValueError(
-                f"--tensor-model-parallel-size {tp}: {e.trainer_ranks} trainer rank(s) are not a "
-                "multiple of it (--trainer-ranks, --runner ray)"
-            )
-        from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+        from turnrl.grpo_core.megatron.config import MegatronParallelConfig, check_run
         from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-        from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
 
+        parallel = MegatronParallelConfig(tensor_model_parallel_size=tp)
         MegatronEngineConfig(  # raises, naming the flag, on what the engine cannot honour
-            model_path="unused",
-            top_p=self.rl.top_p,
-            parallel=MegatronParallelConfig(tensor_model_parallel_size=tp),
+            model_path="unused", top_p=self.rl.top_p, parallel=parallel
         )
-        if not megatron_available():
-            raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
+        ranks = e.trainer_ranks if e.runner == "ray" else 1
+        check_run(parallel, ranks, e.device, self.model.dtype, "--trainer-ranks, --runner ray")
 
     def _validate_dapo(self) -> None:
         rl = self.rl

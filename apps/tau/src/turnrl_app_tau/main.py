@@ -225,30 +225,16 @@ def check_supported(config: TauAppConfig) -> None:
 
 def check_megatron(config: TauAppConfig) -> None:
     """Refuse at start what ``--train-backend megatron`` cannot run here, naming the flag."""
-    from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
+    from turnrl.grpo_core.megatron.config import check_run
 
-    trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
-    p, c = config.parallel, config.cluster
-    if c.device == "cpu" and config.model.dtype == "bfloat16":
-        raise ValueError(
-            "--dtype bfloat16 with --train-backend megatron on --device cpu: megatron-core's "
-            "layers mix bfloat16 and float32 in the backward under CPU autocast (their "
-            "autocast hooks are CUDA's); use --dtype float32 on the CPU"
-        )
-    split = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
-    ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.runner == "ray" else 1
-    if ranks % split:
-        where = (
-            "the local runner trains on one rank"
-            if c.runner == "local"
-            else f"{ranks} trainer ranks"
-        )
-        raise ValueError(
-            f"--tensor-model-parallel-size {p.tensor_model_parallel_size}: {where}, not a "
-            f"multiple of TP x PP x CP = {split} (use --runner ray and more trainer ranks)"
-        )
-    if not megatron_available():
-        raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
+    trainer = trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
+    c = config.cluster
+    local = c.runner == "local"
+    ranks = 1 if local else c.actor_num_nodes * c.actor_num_gpus_per_node
+    flags = "--actor-num-nodes x --actor-num-gpus-per-node"
+    if local:
+        flags = "the local runner trains on one rank; use --runner ray and more trainer ranks"
+    check_run(trainer.parallel, ranks, c.device, config.model.dtype, flags)  # type: ignore[attr-defined]
 
 
 def check_model_split(config: TauAppConfig, model: Path) -> None:

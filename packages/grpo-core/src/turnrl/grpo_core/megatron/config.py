@@ -402,3 +402,33 @@ def transformer_config_kwargs(
         "gradient_accumulation_fusion": fused,
         "persist_layer_norm": fused,
     }
+
+
+def check_run(
+    parallel: MegatronParallelConfig, ranks: int, device: str, dtype: str, ranks_flag: str
+) -> None:
+    """Refuse at start, naming the flag, a megatron training run this machine cannot run:
+    bfloat16 on the CPU, ``ranks`` trainer ranks that TP x PP x CP does not divide (their
+    flag is ``ranks_flag``), or megatron-core not installed.
+
+    Raises:
+        ValueError: the first of these that applies.
+    """
+    if device == "cpu" and dtype == "bfloat16":
+        raise ValueError(
+            "--dtype bfloat16 with --train-backend megatron on --device cpu: megatron-core's "
+            "layers mix bfloat16 and float32 in the backward under CPU autocast (their "
+            "autocast hooks are CUDA's); use --dtype float32 on the CPU"
+        )
+    p = parallel
+    split = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+    split *= p.context_parallel_size
+    if ranks % split:
+        raise ValueError(
+            f"--tensor-model-parallel-size {p.tensor_model_parallel_size}: {ranks} trainer "
+            f"rank(s) are not a multiple of TP x PP x CP = {split} ({ranks_flag})"
+        )
+    from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
+
+    if not megatron_available():
+        raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")
