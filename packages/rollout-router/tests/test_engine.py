@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -162,3 +163,54 @@ def test_the_served_logprobs_mode_is_checked_once_healthy(tmp_path: Path, mode: 
     with pytest.raises(EngineLogprobsError, match="reports logprobs_mode='raw_logprobs'"):
         server.start()
     assert server.process is not None and not server.process.alive
+
+
+def test_api_server_cores_are_parsed_and_refused_where_they_cannot_act() -> None:
+    from turnrl.rollout_router.engine import parse_cores
+
+    assert parse_cores("0") == {0} and parse_cores("0,2") == {0, 2}
+    assert parse_cores("1-3") == {1, 2, 3}
+    with pytest.raises(ValueError, match="cores must look like"):
+        parse_cores("0-3|4-7")
+    with pytest.raises(ValueError, match="api_server_cores needs device cpu and cpu_threads_bind"):
+        EngineSpec(model="m", api_server_cores="1")
+    with pytest.raises(ValueError, match="api_server_cores needs device cpu"):
+        EngineSpec(model="m", device="gpu", cpu_threads_bind="0", api_server_cores="1")
+    with pytest.raises(ValueError, match="cores must look like"):
+        EngineSpec(model="m", cpu_threads_bind="0", api_server_cores="one")
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and 2 cores",
+)
+def test_pin_api_server_moves_the_server_and_everything_below_it() -> None:
+    """A real process tree (a parent, its child and grandchild) stands in for vLLM's API
+    server, engine core and worker."""
+    import subprocess
+    import time
+
+    from turnrl.rollout_router.engine import descendants, pin_api_server
+
+    grandchild = "import time; time.sleep(60)"
+    child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first, second = sorted(os.sched_getaffinity(0))[:2]
+        assert pin_api_server(parent.pid, {second}, {first}) == 2
+        assert os.sched_getaffinity(parent.pid) == {second}
+        assert all(os.sched_getaffinity(pid) == {first} for pid in descendants(parent.pid))
+    finally:
+        for pid in descendants(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()

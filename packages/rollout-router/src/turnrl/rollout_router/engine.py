@@ -73,6 +73,13 @@ class EngineSpec:
     """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB)."""
     cpu_threads_bind: str | None = None
     """CPU cores for the engine's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"1"``."""
+    api_server_cores: str | None = None
+    """CPU cores for the server's API process (where requests and aborts arrive), e.g.
+    ``"1"``; its engine-core and worker processes are then kept on ``cpu_threads_bind`` once
+    the server is healthy. On 2 cores vLLM's engine-core process busy-polls its worker and
+    starves an API server that shares its cores: 31 of 100 aborts took over 5 s there, none
+    of 400 with the split (docs/benchmarks/aborts.md). CPU engines with
+    ``cpu_threads_bind`` only (Linux)."""
     max_model_len: int | None = None
     """Longest context (prompt + response) the engine accepts."""
     dtype: str = "auto"
@@ -114,6 +121,14 @@ class EngineSpec:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.api_server_cores is not None:
+            if self.device != "cpu" or self.cpu_threads_bind is None:
+                raise ValueError(
+                    "api_server_cores needs device cpu and cpu_threads_bind (the cores the "
+                    "engine-core and worker processes keep)"
+                )
+            parse_cores(self.api_server_cores)  # raises on a malformed list
+            parse_cores(self.cpu_threads_bind)
         if self.sleep_mode and not self.dev_mode:
             raise ValueError("sleep_mode needs dev_mode (the /sleep and /wake_up routes)")
 
@@ -145,6 +160,54 @@ def launch_command(spec: EngineSpec, python: str) -> list[str]:
         if spec.sleep_mode:
             cmd += ["--enable-sleep-mode"]
     return cmd + list(spec.extra_args)
+
+
+def parse_cores(text: str) -> set[int]:
+    """Cores from ``"0"``, ``"0,2"`` or ``"0-3"``.
+
+    Raises:
+        ValueError: anything else (vLLM's ``|``-separated per-rank lists included).
+    """
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"cores must look like 0, 0,2 or 0-3; got {text!r}") from None
+    if not cores:
+        raise ValueError(f"no cores in {text!r}")
+    return cores
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; processes that exit meanwhile are skipped)."""
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return out
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            out += [child, *descendants(child)]
+    return out
+
+
+def pin_api_server(pid: int, api_cores: set[int], engine_cores: set[int]) -> int:
+    """The API server ``pid`` on ``api_cores``, every process below it on ``engine_cores``;
+    returns how many were moved there."""
+    os.sched_setaffinity(pid, api_cores)
+    children = descendants(pid)
+    for child in children:
+        try:
+            os.sched_setaffinity(child, engine_cores)
+        except ProcessLookupError:
+            pass
+    return len(children)
 
 
 def launch_env(spec: EngineSpec) -> dict[str, str]:
@@ -268,6 +331,7 @@ class EngineServer:
         try:
             proc.wait_healthy(f"{self.url}/health", timeout=health_timeout(self.spec))
             check_logprobs_mode(self.spec, served_logprobs_mode(self.url))
+            self._pin()
         except BaseException as exc:
             proc.stop(grace=5.0)
             if isinstance(exc, ProcessDiedError):
@@ -282,12 +346,20 @@ class EngineServer:
             await proc.wait_healthy_async(f"{self.url}/health", timeout=health_timeout(self.spec))
             served = await asyncio.to_thread(served_logprobs_mode, self.url)
             check_logprobs_mode(self.spec, served)
+            self._pin()
         except BaseException as exc:
             proc.stop(grace=5.0)
             if isinstance(exc, ProcessDiedError):
                 _explain_death(self.spec, exc)
             raise
         return self
+
+    def _pin(self) -> None:
+        spec = self.spec
+        if spec.api_server_cores is None or self.process is None:
+            return
+        bind = parse_cores(spec.cpu_threads_bind or "")
+        pin_api_server(self.process.pid, parse_cores(spec.api_server_cores), bind)
 
     def stop(self, grace: float = 10.0) -> int | None:
         """Stop the whole process group (SIGTERM, then SIGKILL after ``grace``)."""
