@@ -20,6 +20,7 @@ from turnrl.npu_runtime.supervise import run_group
 # step, restore the checkpoint, the same step again, and an HF export.
 WORKER = """
 import json, sys, torch, torch.distributed as dist
+torch._C._set_print_stack_traces_on_fatal_signal(True)  # a native abort shows its C++ stack
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 
@@ -80,6 +81,12 @@ def test_fsdp2_two_cpu_ranks_match_one_process(
         str(out),
     ]
     code, output = run_group(cmd, timeout=240, env=env)
+    if code != 0 and "(exitcode: -6)" in output:
+        # Once in ~40 CI runs a rank died of a native abort inside torch / gloo ("terminate
+        # called without an active exception" after loading weights), never reproduced
+        # here; that launch is tried once more, afresh. Any other failure fails at once.
+        print(output[-4000:])
+        code, output = run_group(cmd, timeout=240, env=env)
     assert code == 0, output[-4000:]
     result = json.loads((out / "result.json").read_text())
 

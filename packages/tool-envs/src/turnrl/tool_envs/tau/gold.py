@@ -72,13 +72,14 @@ class TaskUser:
         return STOP_TOKEN
 
 
-def tool_call(index: int, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-format tool call with id ``call_<index>``."""
-    return {
-        "id": f"call_{index}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(kwargs)},
-    }
+def action_messages(index: int, name: str, kwargs: dict[str, Any], result: str) -> list[dict]:
+    """An assistant tool call (id ``call_<index>``) and its tool result, OpenAI format."""
+    function = {"name": name, "arguments": json.dumps(kwargs)}
+    call = {"id": f"call_{index}", "type": "function", "function": function}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{index}", "name": name, "content": result},
+    ]
 
 
 def confirm_message(name: str, kwargs: dict[str, Any]) -> str:
@@ -114,21 +115,7 @@ def gold_conversation(domain: TauDomain, task: Task, system: str) -> list[dict[s
             )
             messages.append({"role": "user", "content": "yes"})
         result = domain.invoke(db, action.name, action.kwargs)
-        messages.append(
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [tool_call(index, action.name, action.kwargs)],
-            }
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"call_{index}",
-                "name": action.name,
-                "content": result,
-            }
-        )
+        messages += action_messages(index, action.name, action.kwargs, result)
     messages.append({"role": "assistant", "content": closing_message(task.outputs)})
     return messages
 

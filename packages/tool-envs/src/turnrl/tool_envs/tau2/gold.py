@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnrl.tool_envs.tau.gold import closing_message, confirm_message, first_person, tool_call
+from turnrl.tool_envs.tau.gold import (
+    action_messages,
+    closing_message,
+    confirm_message,
+    first_person,
+)
 from turnrl.tool_envs.tau2.domain import Tau2Domain
 from turnrl.tool_envs.tau2.env import GREETING
 from turnrl.tool_envs.tau2.tasks import Tau2Task
@@ -42,20 +47,6 @@ def gold_conversation(domain: Tau2Domain, task: Tau2Task) -> list[dict[str, Any]
             messages.append({"role": "user", "content": "yes"})
         result, _ = agent.call(action.name, kwargs)
         domain.sync(agent, phone)
-        messages.append(
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [tool_call(index, action.name, kwargs)],
-            }
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"call_{index}",
-                "name": action.name,
-                "content": result,
-            }
-        )
+        messages += action_messages(index, action.name, kwargs, result)
     messages.append({"role": "assistant", "content": closing_message(task.communicate_info)})
     return messages
