@@ -4,16 +4,34 @@ the device cases here only build specs (no GPU or NPU is needed to read them).""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from turnrl.grpo_core.placement.actors import node_slots
 from turnrl.grpo_core.recipe.engines import local_engine_specs
 from turnrl.rollout_router.engine import EngineSpec
 
 
-def test_cpu_engines_share_the_host_on_ports_of_their_own() -> None:
-    specs = local_engine_specs(EngineSpec(model="m", device="cpu"), 3)
-    assert len({s.port for s in specs}) == 3
+def test_cpu_engines_share_the_host_on_ports_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    # This process may run on 5 cores (a stand-in for the host's affinity mask).
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    spec = EngineSpec(model="m", device="cpu")
+    specs = local_engine_specs(spec, 2)
+    assert len({s.port for s in specs}) == 2
     assert all("CUDA_VISIBLE_DEVICES" not in s.env for s in specs)
+    # The API servers share the first core; each engine's workers get two of their own.
+    assert [(s.api_server_cores, s.cpu_threads_bind) for s in specs] == [("0", "1,2"), ("0", "3,4")]
+    # Five engines on five cores: vLLM binds them itself (no core left for the servers).
+    assert all(s.cpu_threads_bind is None for s in local_engine_specs(spec, 5))
+
+
+def test_engines_are_numbered_per_node_for_their_cores() -> None:
+    assert node_slots(["a", "b", "a", "a"]) == [(0, 3), (0, 1), (1, 3), (2, 3)]
+    assert node_slots([]) == []
 
 
 @pytest.mark.parametrize(

@@ -180,6 +180,33 @@ def test_api_server_cores_are_parsed_and_refused_where_they_cannot_act() -> None
         EngineSpec(model="m", cpu_threads_bind="0", api_server_cores="one")
 
 
+def test_with_own_cores_splits_the_host_and_leaves_what_it_cannot_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from turnrl.rollout_router.engine import with_own_cores
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    spec = EngineSpec(model="m")
+    one = with_own_cores(spec, cores=[3, 1])  # the 2-core machine: servers on 1, engine on 3
+    assert (one.api_server_cores, one.cpu_threads_bind) == ("1", "3")
+    thirds = [with_own_cores(spec, i, 3, cores=range(8)) for i in range(3)]
+    assert [s.cpu_threads_bind for s in thirds] == ["1,2", "3,4", "5,6"]  # core 7 left over
+    assert {s.api_server_cores for s in thirds} == {"0"}
+    # Left as they are: too few cores, other devices, cores already chosen, vLLM's
+    # per-rank lists (tensor parallel), a binding exported by the user.
+    assert with_own_cores(spec, 1, 2, cores=[0, 1]) is spec
+    gpu = EngineSpec(model="m", device="gpu")
+    assert with_own_cores(gpu, cores=range(8)) is gpu
+    chosen = EngineSpec(model="m", cpu_threads_bind="0")
+    assert with_own_cores(chosen, cores=range(8)) is chosen
+    tp = EngineSpec(model="m", tensor_parallel_size=2)
+    assert with_own_cores(tp, cores=range(8)) is tp
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
+    assert with_own_cores(spec, cores=range(8)) is spec
+    with pytest.raises(ValueError, match=r"slot must be in 0\.\.1"):
+        with_own_cores(spec, 2, 2)
+
+
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
     reason="needs Linux and 2 cores",

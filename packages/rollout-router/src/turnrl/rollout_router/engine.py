@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import tempfile
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from turnrl.npu_runtime.ascend_env import ascend_env_defaults
@@ -37,6 +39,7 @@ from turnrl.npu_runtime.supervise import ManagedProcess, ProcessDiedError, start
 from turnrl.rollout_router.engine_env import DEVICES, ensure_engine_env
 
 HEALTH_TIMEOUT_ENV = "TURNRL_ENGINE_HEALTH_TIMEOUT_SEC"
+logger = logging.getLogger(__name__)
 # Seconds to wait for /health when the variable is unset: NPU startup compiles graphs.
 DEFAULT_HEALTH_TIMEOUT = {"cpu": 600.0, "gpu": 900.0, "npu": 1800.0}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -210,6 +213,39 @@ def pin_api_server(pid: int, api_cores: set[int], engine_cores: set[int]) -> int
     return len(children)
 
 
+def with_own_cores(
+    spec: EngineSpec, slot: int = 0, slots: int = 1, cores: Iterable[int] | None = None
+) -> EngineSpec:
+    """``spec`` as engine ``slot`` of ``slots`` CPU engines on this host, on cores of its own.
+
+    The first of ``cores`` (default: the cores this process may run on) takes the engines'
+    API servers (``api_server_cores``); the others are split evenly among the engines'
+    engine-core and worker processes (``cpu_threads_bind``). Returned unchanged off the
+    CPU, where the spec or the environment already binds cores
+    (``VLLM_CPU_OMP_THREADS_BIND``), with tensor or data parallelism (vLLM's per-rank
+    lists), off Linux, or with fewer than ``slots + 1`` cores (vLLM's own binding then).
+    """
+    if not 0 <= slot < slots:
+        raise ValueError(f"slot must be in 0..{slots - 1}, got {slot}")
+    bound = "VLLM_CPU_OMP_THREADS_BIND" in {**os.environ, **spec.env}
+    if (
+        spec.device != "cpu"
+        or bound
+        or spec.cpu_threads_bind is not None
+        or spec.api_server_cores is not None
+        or spec.tensor_parallel_size > 1
+        or spec.data_parallel_size > 1
+        or not hasattr(os, "sched_getaffinity")
+    ):
+        return spec
+    pool = sorted(os.sched_getaffinity(0) if cores is None else set(cores))
+    if len(pool) < slots + 1:
+        return spec
+    share = (len(pool) - 1) // slots
+    mine = pool[1 + slot * share : 1 + (slot + 1) * share]
+    return replace(spec, cpu_threads_bind=",".join(map(str, mine)), api_server_cores=str(pool[0]))
+
+
 def launch_env(spec: EngineSpec) -> dict[str, str]:
     """Variables the server needs on its device, with ``spec.env`` laid over them."""
     env: dict[str, str] = {}
@@ -359,7 +395,14 @@ class EngineServer:
         if spec.api_server_cores is None or self.process is None:
             return
         bind = parse_cores(spec.cpu_threads_bind or "")
-        pin_api_server(self.process.pid, parse_cores(spec.api_server_cores), bind)
+        moved = pin_api_server(self.process.pid, parse_cores(spec.api_server_cores), bind)
+        logger.info(
+            "engine %s: API server on cores %s, its %d engine processes on cores %s",
+            self.url,
+            spec.api_server_cores,
+            moved,
+            spec.cpu_threads_bind,
+        )
 
     def stop(self, grace: float = 10.0) -> int | None:
         """Stop the whole process group (SIGTERM, then SIGKILL after ``grace``)."""

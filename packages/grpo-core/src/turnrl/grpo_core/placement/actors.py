@@ -42,6 +42,7 @@ __all__ = [
     "PlacementError",
     "RayPlacement",
     "TrainerActor",
+    "node_slots",
     "require_ray",
 ]
 
@@ -205,13 +206,21 @@ class EngineActor:
         """Node id, node IP, pid and engine index of this actor."""
         return {**_node_info(), "engine": self.index}
 
-    def start(self, launch: EngineLaunch, accelerator: str, device_ids: list[str]) -> str:
+    def start(
+        self,
+        launch: EngineLaunch,
+        accelerator: str,
+        device_ids: list[str],
+        slot: tuple[int, int] = (0, 1),
+    ) -> str:
         """Start the server (blocks until it is healthy) and return its base URL.
 
         Args:
             launch: What to serve.
             accelerator: ``GPU`` / ``NPU`` / ``CPU`` (which visible-devices variable to set).
             device_ids: The engine's device ids on this node (empty on CPU).
+            slot: This engine's index among the engines of its node, and their number: on
+                the CPU each gets cores of its own (``engine.with_own_cores``).
         """
         if self.server is not None:
             raise RuntimeError(f"engine {self.index} is already started at {self.url}")
@@ -219,7 +228,7 @@ class EngineActor:
             self.server = launch.server()
             self.url = self.server.url
             return self.url
-        from turnrl.rollout_router.engine import EngineServer
+        from turnrl.rollout_router.engine import EngineServer, with_own_cores
 
         env = dict(launch.spec.env)
         visible = _DEVICE_OF[accelerator].visible_devices_env
@@ -231,6 +240,7 @@ class EngineActor:
             tensor_parallel_size=max(1, len(device_ids)),
             env=env,
         )
+        spec = with_own_cores(spec, *slot)  # unchanged off the CPU
         self.server = EngineServer(spec, log_dir=launch.log_dir).start()
         host = spec.host
         self.url = (
@@ -245,6 +255,12 @@ class EngineActor:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
+
+
+def node_slots(nodes: list[str]) -> list[tuple[int, int]]:
+    """For each entry of ``nodes``: its index among the entries of the same node, and how
+    many there are (``["a", "b", "a"]`` -> ``[(0, 2), (0, 1), (1, 2)]``)."""
+    return [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
 
 
 def _probe_bundles(ray: ModuleType, pg: Any, plan: PlacementPlan) -> list[BundleInfo]:
@@ -445,9 +461,10 @@ class RayPlacement:
         infos = _get(ray, [a.node_info.remote() for a in self.engines], "engine actors start")
         self.engine_nodes = [i["node_id"] for i in infos]
         refs = []
-        for actor, group in zip(self.engines, plan.engine_bundles, strict=True):
+        slots = node_slots(self.engine_nodes)
+        for actor, group, slot in zip(self.engines, plan.engine_bundles, slots, strict=True):
             ids = [d for b in group for d in self.bundles[b].device_ids]
-            refs.append(actor.start.remote(launch, plan.accelerator, ids))
+            refs.append(actor.start.remote(launch, plan.accelerator, ids, slot))
         self.engine_urls = _get(ray, refs, "engine servers start")
         return self.engine_urls
 
