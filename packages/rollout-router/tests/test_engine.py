@@ -219,7 +219,7 @@ def test_pin_api_server_moves_the_server_and_everything_below_it() -> None:
 
     from turnrl.rollout_router.engine import descendants, pin_api_server
 
-    grandchild = "import time; time.sleep(60)"
+    grandchild = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
     child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
     parent = subprocess.Popen(
         [
@@ -230,12 +230,22 @@ def test_pin_api_server_moves_the_server_and_everything_below_it() -> None:
     )
     try:
         deadline = time.monotonic() + 20
-        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+
+        def threads(pid: int) -> list[int]:
+            return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+        while time.monotonic() < deadline and (
+            len(descendants(parent.pid)) < 2 or len(threads(descendants(parent.pid)[-1])) < 2
+        ):
             time.sleep(0.05)
         first, second = sorted(os.sched_getaffinity(0))[:2]
         assert pin_api_server(parent.pid, {second}, {first}) == 2
         assert os.sched_getaffinity(parent.pid) == {second}
-        assert all(os.sched_getaffinity(pid) == {first} for pid in descendants(parent.pid))
+        below = [tid for pid in descendants(parent.pid) for tid in threads(pid)]
+        assert (
+            len(below) == 3
+        )  # the child, and the grandchild's two threads (affinity is per thread)
+        assert all(os.sched_getaffinity(tid) == {first} for tid in below)
     finally:
         for pid in descendants(parent.pid):
             os.kill(pid, 9)

@@ -201,16 +201,28 @@ def descendants(pid: int) -> list[int]:
 
 
 def pin_api_server(pid: int, api_cores: set[int], engine_cores: set[int]) -> int:
-    """The API server ``pid`` on ``api_cores``, every process below it on ``engine_cores``;
-    returns how many were moved there."""
-    os.sched_setaffinity(pid, api_cores)
+    """The API server ``pid`` on ``api_cores``, every process below it on ``engine_cores``,
+    each with all its threads (affinity is per thread; threads started later inherit it);
+    returns how many processes were moved below the server."""
+    set_process_affinity(pid, api_cores)
     children = descendants(pid)
     for child in children:
+        set_process_affinity(child, engine_cores)
+    return len(children)
+
+
+def set_process_affinity(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` on ``cores`` (Linux ``/proc``; threads and processes that
+    exit meanwhile are skipped)."""
+    try:
+        tids = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except FileNotFoundError:
+        return
+    for tid in tids:
         try:
-            os.sched_setaffinity(child, engine_cores)
+            os.sched_setaffinity(tid, cores)
         except ProcessLookupError:
             pass
-    return len(children)
 
 
 def with_own_cores(
