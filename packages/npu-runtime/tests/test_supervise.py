@@ -318,6 +318,11 @@ if mode == "chain":
         sys.exit(7)
     signal.signal(signal.SIGTERM, mine)
 cmd = [sys.executable, "-c", "import time; time.sleep(600)"]
+if mode == "stubborn":  # ignores SIGTERM, and so does the grandchild it starts
+    cmd = [sys.executable, "-c", "import signal, subprocess, sys, time; "
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+           "time.sleep(600)"]
 if mode == "thread":
     import threading
     from turnrl.npu_runtime.supervise import install_signal_handlers
@@ -392,6 +397,33 @@ def test_children_started_from_a_thread_are_stopped_on_sigterm(tmp_path, gone):
     code, _ = _finish_parent(parent)
     assert code == -signal.SIGTERM
     assert gone(child)
+
+
+def test_children_are_stopped_when_parent_is_killed_by_sigkill(tmp_path, gone):
+    """No handler runs on SIGKILL: the child's guard sees the parent's pipe close."""
+    parent, child = _run_parent(tmp_path, "stubborn", gone)
+    deadline = time.monotonic() + 20
+    while len(supervise.descendants(child)) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = supervise.descendants(child)[0]
+    os.kill(parent.pid, signal.SIGKILL)  # the parent alone, not its group
+    parent.wait()
+    started = time.monotonic()
+    assert gone(child, timeout=30) and gone(grandchild, timeout=5)
+    # SIGTERM was ignored, so it took the guard's SIGKILL after its grace period.
+    assert time.monotonic() - started >= supervise._ORPHAN_GRACE_S - 1
+    assert "owner gone; stopping process group" in (tmp_path / "child.log").read_text()
+
+
+def test_the_guard_exits_with_a_child_stopped_normally(scripts, tmp_path, gone):
+    proc = start_process(
+        [sys.executable, "-c", "import time; time.sleep(600)"], name="g", log_path=tmp_path / "g"
+    )
+    guard = proc._guard
+    assert guard is not None and guard.poll() is None
+    proc.stop(grace=5)
+    assert guard.poll() == 0 and gone(proc.pid, timeout=0)
+    assert "owner gone" not in (tmp_path / "g").read_text()
 
 
 def test_install_signal_handlers_from_a_thread_is_refused_until_main_did_it():

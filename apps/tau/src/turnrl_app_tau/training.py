@@ -253,7 +253,15 @@ def pad_id_of(policy: Path) -> int:
 
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
     """One inference engine serving ``model`` (the port is chosen where it starts)."""
-    r, c = config.rollout, config.cluster
+    r, c, t = config.rollout, config.cluster, config.tau
+    extra = list(r.engine_extra_args)
+    if t.user_model == "local" and t.benchmark == "tau2" and t.domain == "telecom":
+        # The engines also play telecom's user, who calls the phone's tools: the chat route
+        # must parse tool calls (Qwen3 writes hermes-style <tool_call> blocks).
+        if "--enable-auto-tool-choice" not in extra:
+            extra.append("--enable-auto-tool-choice")
+        if not any(a.startswith("--tool-call-parser") for a in extra):
+            extra += ["--tool-call-parser", "hermes"]
     return EngineSpec(
         model=str(model),
         device=c.device,
@@ -262,7 +270,7 @@ def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
         tensor_parallel_size=c.rollout_num_gpus_per_engine,
         gpu_memory_utilization=r.vllm_gpu_memory_utilization,
         cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
-        extra_args=list(r.engine_extra_args),
+        extra_args=extra,
     )
 
 

@@ -10,7 +10,10 @@ like `pkill -9 vllm` is ever needed.
 Every child is registered in a module-level registry. :func:`stop_all` stops them all; it
 runs at interpreter exit (``atexit``) and on SIGINT / SIGTERM (handlers installed once,
 from the main thread, chaining whatever handler was there before), so supervised children
-do not outlive their parent. A parent killed by SIGKILL cannot clean up; nothing can.
+do not outlive their parent. A parent killed by SIGKILL cannot clean up, so each child also
+gets a **guard**: a small process in a session of its own that holds the read end of a pipe
+whose only writer is the parent. End of file means the parent is gone (or stopped the child
+itself); the guard then stops the child's group (SIGTERM, SIGKILL after a grace period).
 
 :func:`run_contained` (``python -m turnrl.npu_runtime.supervise -- CMD``) runs a command
 and then ends, and names, whatever it left running (orphaned daemons included).
@@ -35,6 +38,7 @@ import atexit
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -68,6 +72,10 @@ __all__ = [
 _KILL_WAIT_S = 5.0
 # How often to look at the process group while waiting for it to empty.
 _POLL_S = 0.05
+# A guard whose owner died: seconds between SIGTERM and SIGKILL of the orphaned group.
+_ORPHAN_GRACE_S = 10.0
+# How often a guard checks that the group it watches still exists.
+_GUARD_POLL_S = 2.0
 # Upper bound on one health request, so a server that accepts but never answers
 # cannot make us overshoot the caller's timeout by much.
 _MAX_PROBE_S = 5.0
@@ -211,6 +219,8 @@ class ManagedProcess:
 
     def __init__(self, popen: subprocess.Popen[bytes], name: str, log_path: Path, cmd: list[str]):
         self._popen = popen
+        self._guard: subprocess.Popen[bytes] | None = None
+        self._guard_fd: int | None = None
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
@@ -349,6 +359,7 @@ class ManagedProcess:
                     self._terminate_group(grace)
                 finally:
                     _unregister(self)
+                    self._release_guard()
             return self._popen.poll()
 
     def kill(self) -> int | None:
@@ -367,7 +378,38 @@ class ManagedProcess:
                         self._wait_gone(_KILL_WAIT_S)
                 finally:
                     _unregister(self)
+                    self._release_guard()
             return self._popen.poll()
+
+    def _watch(self, log: Any) -> None:
+        """Start the guard that stops this group once this process is gone (module docs)."""
+        read_end, write_end = os.pipe()  # not inherited by anything this process execs
+        # This file as a script, isolated (-I): standard library only, so the guard starts
+        # wherever the owner runs, whatever its sys.path.
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", __file__, "--guard", str(self.pid)],
+                stdin=read_end,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives a signal to this process's group
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._guard_fd = write_end
+
+    def _release_guard(self) -> None:
+        """The group is stopped: let the guard see end of file and exit; reap it."""
+        if self._guard_fd is not None:
+            os.close(self._guard_fd)
+            self._guard_fd = None
+        if self._guard is not None:
+            deadline = time.monotonic() + _KILL_WAIT_S
+            while self._guard.poll() is None and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
 
     def _terminate_group(self, grace: float) -> None:
         pgid = self.pid  # start_new_session=True: the child leads its own group
@@ -619,7 +661,12 @@ def start_process(
             raise FileNotFoundError(
                 f"cannot start process {name!r}: {args[0]!r} not found ({error})"
             ) from error
-    proc = ManagedProcess(popen, name, path, args)
+        proc = ManagedProcess(popen, name, path, args)
+        try:
+            proc._watch(log)
+        except BaseException:
+            proc.kill()
+            raise
     _register(proc)
     return proc
 
@@ -677,8 +724,6 @@ def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:
     are found too. SIGINT / SIGTERM are passed on to ``cmd``. Leftovers are named on stderr
     and killed (:func:`kill_descendants`); a command that succeeded but left some exits 3.
     """
-    import sys
-
     adopt_orphans()
     child = subprocess.Popen(list(cmd))
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -693,12 +738,33 @@ def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:
     return code or 3
 
 
-if __name__ == "__main__":
-    import sys
+def guard_group(pgid: int, grace: float = _ORPHAN_GRACE_S) -> None:
+    """The guard of process group ``pgid`` (started by :func:`start_process`).
 
-    if len(sys.argv) < 3 or sys.argv[1] != "--":
-        sys.exit("usage: python -m turnrl.npu_runtime.supervise -- CMD [ARG ...]")
-    sys.exit(run_contained(sys.argv[2:]))
+    Blocks until standard input, a pipe only the owner writes to, reaches end of file, or
+    until the group is gone by itself; if the group is still there, the owner died without
+    stopping it: SIGTERM, then SIGKILL after ``grace`` seconds.
+    """
+    import select
+
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        ready, _, _ = select.select([0], [], [], _GUARD_POLL_S)
+        if ready and not os.read(0, 512):
+            break
+    if not group_alive(pgid):
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"=== {stamp} turnrl: owner gone; stopping process group {pgid}", flush=True)
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    if group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
 
 
 async def exit_when_orphaned(parent_pid: int, interval: float = 1.0) -> None:
@@ -714,3 +780,11 @@ async def exit_when_orphaned(parent_pid: int, interval: float = 1.0) -> None:
     while os.getppid() == parent_pid:
         await asyncio.sleep(interval)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--guard":
+        sys.exit(guard_group(int(sys.argv[2])))
+    if len(sys.argv) < 3 or sys.argv[1] != "--":
+        sys.exit("usage: python -m turnrl.npu_runtime.supervise -- CMD [ARG ...]")
+    sys.exit(run_contained(sys.argv[2:]))

@@ -171,6 +171,7 @@ def _import_litellm() -> Any:
         raise ImportError(
             "LiteLLMUser needs litellm: pip install 'turnrl-tool-envs[litellm]'"
         ) from exc
+    litellm.suppress_debug_info = True  # our errors say what failed; no banner per failure
     return litellm
 
 
