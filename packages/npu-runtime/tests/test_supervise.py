@@ -399,30 +399,55 @@ def test_children_started_from_a_thread_are_stopped_on_sigterm(tmp_path, gone):
     assert gone(child)
 
 
+def _guards(pgid: int) -> list[int]:
+    """Processes whose command line is the guard of process group ``pgid``."""
+    mark = f"--guard\0{pgid}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return [int(c) for t in tasks for c in (t / "children").read_text().split()]
+
+
 def test_children_are_stopped_when_parent_is_killed_by_sigkill(tmp_path, gone):
-    """No handler runs on SIGKILL: the child's guard sees the parent's pipe close."""
+    """No handler runs on SIGKILL: the child's guard sees the parent's pipe close.
+
+    As Ray does when a worker exits, the parent's direct children are SIGKILLed with it:
+    the supervised child goes, its grandchild (which ignores SIGTERM) is left to the guard.
+    """
     parent, child = _run_parent(tmp_path, "stubborn", gone)
     deadline = time.monotonic() + 20
-    while len(supervise.descendants(child)) < 1 and time.monotonic() < deadline:
+    while not supervise.descendants(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     grandchild = supervise.descendants(child)[0]
-    os.kill(parent.pid, signal.SIGKILL)  # the parent alone, not its group
+    assert _guards(child) and not set(_guards(child)) & set(_children(parent.pid))
+    for pid in [parent.pid, *_children(parent.pid)]:
+        os.kill(pid, signal.SIGKILL)
     parent.wait()
     started = time.monotonic()
-    assert gone(child, timeout=30) and gone(grandchild, timeout=5)
+    assert gone(child, timeout=5) and gone(grandchild, timeout=30)
     # SIGTERM was ignored, so it took the guard's SIGKILL after its grace period.
     assert time.monotonic() - started >= supervise._ORPHAN_GRACE_S - 1
     assert "owner gone; stopping process group" in (tmp_path / "child.log").read_text()
+    assert not _guards(child)
 
 
-def test_the_guard_exits_with_a_child_stopped_normally(scripts, tmp_path, gone):
+def test_the_guard_exits_with_a_child_stopped_normally(tmp_path, gone):
     proc = start_process(
         [sys.executable, "-c", "import time; time.sleep(600)"], name="g", log_path=tmp_path / "g"
     )
-    guard = proc._guard
-    assert guard is not None and guard.poll() is None
+    guards = _guards(proc.pid)
+    assert len(guards) == 1
     proc.stop(grace=5)
-    assert guard.poll() == 0 and gone(proc.pid, timeout=0)
+    assert gone(guards[0], timeout=0) and gone(proc.pid, timeout=0)
     assert "owner gone" not in (tmp_path / "g").read_text()
 
 

@@ -11,8 +11,8 @@ Every child is registered in a module-level registry. :func:`stop_all` stops the
 runs at interpreter exit (``atexit``) and on SIGINT / SIGTERM (handlers installed once,
 from the main thread, chaining whatever handler was there before), so supervised children
 do not outlive their parent. A parent killed by SIGKILL cannot clean up, so each child also
-gets a **guard**: a small process in a session of its own that holds the read end of a pipe
-whose only writer is the parent. End of file means the parent is gone (or stopped the child
+gets a **guard**: a small process in a session of its own, forked off so that it is nobody's
+child, that holds the read end of a pipe whose only writer is the parent. End of file means the parent is gone (or stopped the child
 itself); the guard then stops the child's group (SIGTERM, SIGKILL after a grace period).
 
 :func:`run_contained` (``python -m turnrl.npu_runtime.supervise -- CMD``) runs a command
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -219,8 +220,8 @@ class ManagedProcess:
 
     def __init__(self, popen: subprocess.Popen[bytes], name: str, log_path: Path, cmd: list[str]):
         self._popen = popen
-        self._guard: subprocess.Popen[bytes] | None = None
-        self._guard_fd: int | None = None
+        self._guard_fd: int | None = None  # the guard's stdin: closed, it ends the group
+        self._guard_alive: int | None = None  # end of file once the guard has exited
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
@@ -382,34 +383,45 @@ class ManagedProcess:
             return self._popen.poll()
 
     def _watch(self, log: Any) -> None:
-        """Start the guard that stops this group once this process is gone (module docs)."""
-        read_end, write_end = os.pipe()  # not inherited by anything this process execs
+        """Start the guard that stops this group once this process is gone (module docs).
+
+        The guard is not a child of this process (its launcher forks it off and exits), so
+        whatever kills this process's children with it (Ray does, at a worker's exit) does
+        not kill the guard too. It holds ``alive``'s write end until it exits.
+        """
+        owner_r, owner_w = os.pipe()  # neither end is inherited by what this process execs
+        alive_r, alive_w = os.pipe()
         # This file as a script, isolated (-I): standard library only, so the guard starts
         # wherever the owner runs, whatever its sys.path.
+        cmd = [sys.executable, "-I", __file__, "--guard", str(self.pid), str(alive_w)]
         try:
-            self._guard = subprocess.Popen(
-                [sys.executable, "-I", __file__, "--guard", str(self.pid)],
-                stdin=read_end,
+            launcher = subprocess.Popen(
+                cmd,
+                stdin=owner_r,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                pass_fds=(alive_w,),
                 start_new_session=True,  # survives a signal to this process's group
             )
+            launcher.wait()
         except BaseException:
-            os.close(write_end)
+            os.close(owner_w)
+            os.close(alive_r)
             raise
         finally:
-            os.close(read_end)
-        self._guard_fd = write_end
+            os.close(owner_r)
+            os.close(alive_w)
+        self._guard_fd, self._guard_alive = owner_w, alive_r
 
     def _release_guard(self) -> None:
-        """The group is stopped: let the guard see end of file and exit; reap it."""
+        """The group is stopped: let the guard see end of file, and wait for it to exit."""
         if self._guard_fd is not None:
             os.close(self._guard_fd)
             self._guard_fd = None
-        if self._guard is not None:
-            deadline = time.monotonic() + _KILL_WAIT_S
-            while self._guard.poll() is None and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
+        if self._guard_alive is not None:
+            select.select([self._guard_alive], [], [], _KILL_WAIT_S)  # EOF: the guard exited
+            os.close(self._guard_alive)
+            self._guard_alive = None
 
     def _terminate_group(self, grace: float) -> None:
         pgid = self.pid  # start_new_session=True: the child leads its own group
@@ -745,8 +757,6 @@ def guard_group(pgid: int, grace: float = _ORPHAN_GRACE_S) -> None:
     until the group is gone by itself; if the group is still there, the owner died without
     stopping it: SIGTERM, then SIGKILL after ``grace`` seconds.
     """
-    import select
-
     while True:
         try:
             os.killpg(pgid, 0)
@@ -783,8 +793,11 @@ async def exit_when_orphaned(parent_pid: int, interval: float = 1.0) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--guard":
-        sys.exit(guard_group(int(sys.argv[2])))
+    if len(sys.argv) == 4 and sys.argv[1] == "--guard":
+        if os.fork():  # the launcher exits; the guard is nobody's child but init's
+            os._exit(0)
+        guard_group(int(sys.argv[2]))  # holds fd argv[3] open until it exits
+        sys.exit(0)
     if len(sys.argv) < 3 or sys.argv[1] != "--":
         sys.exit("usage: python -m turnrl.npu_runtime.supervise -- CMD [ARG ...]")
     sys.exit(run_contained(sys.argv[2:]))
