@@ -221,7 +221,8 @@ class ManagedProcess:
     def __init__(self, popen: subprocess.Popen[bytes], name: str, log_path: Path, cmd: list[str]):
         self._popen = popen
         self._guard_fd: int | None = None  # the guard's stdin: closed, it ends the group
-        self._guard_alive: int | None = None  # end of file once the guard has exited
+        self._guard_alive: int | None = None  # end of file once the guard is exiting
+        self._guard_group = 0  # the guard's process group (its launcher's pid)
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
@@ -412,6 +413,7 @@ class ManagedProcess:
             os.close(owner_r)
             os.close(alive_w)
         self._guard_fd, self._guard_alive = owner_w, alive_r
+        self._guard_group = launcher.pid
 
     def _release_guard(self) -> None:
         """The group is stopped: let the guard see end of file, and wait for it to exit."""
@@ -419,9 +421,12 @@ class ManagedProcess:
             os.close(self._guard_fd)
             self._guard_fd = None
         if self._guard_alive is not None:
-            select.select([self._guard_alive], [], [], _KILL_WAIT_S)  # EOF: the guard exited
+            deadline = time.monotonic() + _KILL_WAIT_S
+            select.select([self._guard_alive], [], [], _KILL_WAIT_S)  # EOF: it is exiting
             os.close(self._guard_alive)
             self._guard_alive = None
+            while group_alive(self._guard_group) and time.monotonic() < deadline:
+                time.sleep(_POLL_S / 10)
 
     def _terminate_group(self, grace: float) -> None:
         pgid = self.pid  # start_new_session=True: the child leads its own group
