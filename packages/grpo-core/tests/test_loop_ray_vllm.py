@@ -5,7 +5,8 @@ One trainer rank and one vLLM engine on a local Ray (3 CPUs); the toy task of
 after each, the disk weight sync exports the trainer's weights and the engine reloads them
 and confirms the version. The proof that the engine serves the trained weights: the
 log-probs the engine reports for its step-2 samples equal the trainer's log-probs of the
-same tokens under the step-1 weights (within ``LOGP_ATOL``). Runs in the nox session
+same tokens under the step-1 weights (within ``LOGP_ATOL``). Then the engine actor is killed
+and its server must go with it. Runs in the nox session
 ``engine-cpu`` (marked ``vllm``); skipped without the engine environment.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -28,9 +30,22 @@ from turnrl.grpo_core.placement.trainer_group import RayGRPORun
 from turnrl.grpo_core.testing import golden
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
+from turnrl.npu_runtime.supervise import group_alive
 
 LOGP_ATOL = 1e-3
 """Engine vs trainer log-prob of the same token under the same (fp32) weights."""
+
+
+def _server_group(port: int) -> int:
+    """The process group of the engine server listening on ``port`` (its leader's pid)."""
+    mark = f"--port\0{port}\0".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "cmdline").read_bytes():
+                return os.getpgid(int(entry.name))
+        except OSError:
+            pass
+    raise AssertionError(f"no engine server with --port {port}")
 
 
 async def reward(samples: list[golden.ToySample]) -> list[float]:
@@ -115,6 +130,15 @@ def test_ray_loop_with_a_vllm_engine_serves_the_trained_weights(tmp_path: Path) 
                     return await client.weight_version()
 
             served = asyncio.run(version())
+            # The engine does not outlive its owner: the engine actor killed (as Ray does a
+            # dead worker: SIGKILL, its direct children with it, so no handler of ours runs),
+            # the server's guard ends what is left of its group, vLLM's EngineCore included.
+            group = _server_group(int(url.rsplit(":", 1)[1]))
+            ray.kill(run.placement.engines[0])
+            deadline = time.monotonic() + 30
+            while group_alive(group) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not group_alive(group), "the engine outlived its killed Ray actor"
     finally:
         ray.shutdown()
     assert served == "2"

@@ -12,8 +12,9 @@ runs at interpreter exit (``atexit``) and on SIGINT / SIGTERM (handlers installe
 from the main thread, chaining whatever handler was there before), so supervised children
 do not outlive their parent. A parent killed by SIGKILL cannot clean up, so each child also
 gets a **guard**: a small process in a session of its own, forked off so that it is nobody's
-child, that holds the read end of a pipe whose only writer is the parent. End of file means the parent is gone (or stopped the child
-itself); the guard then stops the child's group (SIGTERM, SIGKILL after a grace period).
+child, that holds the read end of a pipe whose only writer is the parent. End of file means
+the parent is gone (or stopped the child itself); the guard then stops what is left of the
+child's group (SIGTERM, SIGKILL after a grace period).
 
 :func:`run_contained` (``python -m turnrl.npu_runtime.supervise -- CMD``) runs a command
 and then ends, and names, whatever it left running (orphaned daemons included).
