@@ -65,19 +65,10 @@ def main() -> None:
     if args.worker:
         print(worker(Path(args.worker[0]), int(args.worker[1])))
         return
-    from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+    from turnrl.grpo_core.recipe.model import starting_model
 
-    folder = Path(tempfile.mkdtemp()) / "tiny"
-    tiny = TinyModelConfig(
-        vocab_size=2048,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    )
-    model = build_tiny_model(folder, tiny)
+    # The tau CPU default's model, built as the app builds it (ModelConfig's tiny sizes).
+    model = starting_model(None, Path(tempfile.mkdtemp()) / "tiny", hidden_size=128, num_layers=2)
     runs: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for busy in (False, True):
