@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.config import PRESETS, QWEN3_4B, QWEN25_7B, preset
+from turnrl_app_retool.config import PRESETS, preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -30,11 +30,13 @@ def test_real_scale_presets_follow_the_recipe() -> None:
         e = c.engine  # verl's layout: 8 trainer ranks, the engines on the same cards
         assert (e.runner, e.trainer_ranks, e.colocate) == ("ray", 8, True)
         assert e.num_engines * e.tensor_parallel_size == 8
-    assert npu4b.model.hf_checkpoint == QWEN3_4B and npu4b.engine.device == "npu"
+    assert (
+        npu4b.model.hf_checkpoint == "Qwen/Qwen3-4B-Instruct-2507" and npu4b.engine.device == "npu"
+    )
     assert npu4b.sft.enabled and npu4b.sft.lr == 1e-5 and npu4b.sft.max_length == 16384
     assert npu4b.env["VLLM_ASCEND_ENABLE_NZ"] == "0"
     assert "aime_2025" in npu4b.data.val_paths[0]
-    assert npu7b.model.hf_checkpoint == QWEN25_7B and not npu7b.sft.enabled
+    assert npu7b.model.hf_checkpoint == "Qwen/Qwen2.5-7B-Instruct" and not npu7b.sft.enabled
     assert npu7b.rl.rollout_batch_size == 32 and npu7b.rl.max_response_length == 20480
     assert "AIME_2024" in npu7b.data.val_paths[0]
     assert gpu.engine.device == "gpu" and gpu.engine.tensor_parallel_size == 4 and not gpu.env

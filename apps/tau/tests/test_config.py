@@ -332,3 +332,22 @@ def test_main_refuses_unsupported_backends(tmp_path: Path) -> None:
     assert main(["--torch-threads", "-1", "--run-dir", str(run_dir)]) == 2
     assert main(["--domain", "retail", "--run-dir", str(run_dir)]) != 0
     assert not (run_dir / "summary.json").exists()
+
+
+def test_a_users_preset_file_starts_from_a_shipped_one(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text(
+        'base = "qwen3-4b-gpu"\n[optimizer]\nlr = 2e-6\n[cluster]\nrollout_num_gpus = 2\n'
+    )
+    config = resolve(["--preset", str(mine), "--num-rollout", "5"], {}).config
+    gpu = preset("qwen3-4b-gpu")
+    assert config.preset == str(mine)
+    assert (config.optimizer.lr, config.cluster.rollout_num_gpus, config.loop.num_rollout) == (
+        2e-6,
+        2,
+        5,
+    )
+    assert config.parallel == gpu.parallel and config.cluster.colocate
+    mine.write_text("[optimizer]\nlearning_rate = 1\n")
+    with pytest.raises(ValueError, match="unknown config keys in OptimizerConfig"):
+        resolve(["--preset", str(mine)], {})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from tau_replay import ReplayEngine
-from turnrl_app_tau.config import TAU_REWARDS, TauSettings, smoke
+from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
 from turnrl_app_tau.data import (
     SHORT_SYSTEM_PROMPT,
     extra_store_conversations,
@@ -46,7 +46,7 @@ def test_load_errors(tmp_path: Path) -> None:
 
 async def test_gold_replay_earns_full_reward(chat: ChatTokenizer) -> None:
     """Every synthetic task, played by its gold conversation, completes with task reward 1."""
-    config = smoke()
+    config = preset("smoke")
     data = load_tasks_and_domain(config.tau)
     tools = tool_schemas(data, short=True)
     tasks = data.train + data.heldout
@@ -72,7 +72,7 @@ def test_every_reward_name_the_config_accepts_has_a_hook() -> None:
 
 
 def test_short_prompt_and_no_tool_schemas() -> None:
-    config = smoke()
+    config = preset("smoke")
     policy = load_tasks_and_domain(dataclasses.replace(config.tau, policy_in_prompt=True))
     short = load_tasks_and_domain(dataclasses.replace(config.tau, policy_in_prompt=False))
     assert short.domain.wiki == SHORT_SYSTEM_PROMPT != policy.domain.wiki
@@ -83,7 +83,7 @@ def test_short_prompt_and_no_tool_schemas() -> None:
 
 async def test_gold_replay_without_tool_schemas_still_earns_reward(chat: ChatTokenizer) -> None:
     """The tools are called by name whether or not their schemas are in the prompt."""
-    config = smoke()
+    config = preset("smoke")
     data = load_tasks_and_domain(config.tau)
     tasks = data.heldout
     engine = ReplayEngine(
@@ -95,7 +95,7 @@ async def test_gold_replay_without_tool_schemas_still_earns_reward(chat: ChatTok
 
 
 def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
-    settings = dataclasses.replace(smoke().tau, synthetic_kinds=["status", "cancel"])
+    settings = dataclasses.replace(preset("smoke").tau, synthetic_kinds=["status", "cancel"])
     data = load_tasks_and_domain(settings)
     extra = extra_store_conversations(settings, 2)
     assert len(extra) == 2 * settings.synthetic_num_tasks
@@ -113,10 +113,10 @@ def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
 
 _DATA_DIGEST = """
 import dataclasses, hashlib, json
-from turnrl_app_tau.config import smoke
+from turnrl_app_tau.config import preset
 from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl.tool_envs.tau.gold import gold_conversation
-settings = dataclasses.replace(smoke().tau, synthetic_kinds=["status", "cancel"])
+settings = dataclasses.replace(preset("smoke").tau, synthetic_kinds=["status", "cancel"])
 data = load_tasks_and_domain(settings)
 train = [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train]
 heldout = [t.instruction for t in data.heldout]
@@ -154,7 +154,7 @@ def test_sft_lr_schedules() -> None:
 
 
 def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
-    config = smoke()
+    config = preset("smoke")
     data = load_tasks_and_domain(config.tau)
     conversation = gold_conversation(data.domain, data.train[0], data.domain.wiki)
     two = prefix(conversation, 2)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from turnrl_app_tau.cli import resolve
-from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.config import TauSettings, preset
 from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl_app_tau.main import main
 from turnrl_app_tau.report import trajectory_text, verdict
@@ -24,7 +24,7 @@ from turnrl.tool_envs.tau.synth import TASK_KINDS
 
 
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
-    config = smoke()
+    config = preset("smoke")
     config.run_dir = str(tmp_path)
     config.save(tmp_path / "config.json")
     invocation = resolve(["--resume", "--run-dir", str(tmp_path), "--num-rollout", "5"], {})
@@ -63,7 +63,7 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(tmp_path: Path) -> None:
 
 
 def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
-    config = smoke()
+    config = preset("smoke")
     base = build_policy(config, tmp_path)
     assert build_policy(config, tmp_path, reuse=True) == base
     data = load_tasks_and_domain(config.tau)
@@ -177,7 +177,7 @@ def test_sft_stops_on_its_probe_or_time_bound(
 
     from turnrl_app_tau.main import tool_schemas
 
-    config = smoke()
+    config = preset("smoke")
     config.tau = dataclasses.replace(config.tau, sft_probe_size=4, **settings)
     base = build_policy(config, tmp_path)
     data = load_tasks_and_domain(config.tau)

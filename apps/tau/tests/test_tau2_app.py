@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from tau_replay import ReplayEngine
-from turnrl_app_tau.config import TauSettings, smoke
+from turnrl_app_tau.config import TauSettings, preset
 from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.main import rollout_config, tool_schemas
@@ -31,7 +31,7 @@ needs_data = pytest.mark.skipif(
 
 def _config() -> Any:
     """The smoke preset with a context long enough for tau2's policies and tools."""
-    config = smoke()
+    config = preset("smoke")
     return dataclasses.replace(
         config,
         rollout=dataclasses.replace(config.rollout, rollout_max_context_len=32768, max_turns=40),

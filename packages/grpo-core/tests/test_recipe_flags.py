@@ -20,6 +20,7 @@ from turnrl.grpo_core.recipe.flags import (
     comma_list,
     resolve_fields,
 )
+from turnrl.grpo_core.recipe.presets import load_preset
 
 
 @dataclass
@@ -32,6 +33,7 @@ class _Loop:
 
 @dataclass
 class _Config:
+    preset: str = ""
     loop: _Loop = field(default_factory=_Loop)
     run_dir: str | None = None
     logger: list[str] = field(default_factory=list)
@@ -40,7 +42,7 @@ class _Config:
         return asdict(self)
 
 
-PRESETS = {"cpu-default": _Config(), "smoke": _Config(loop=_Loop(steps=1))}
+PRESETS = {"cpu-default": "", "smoke": "[loop]\nsteps = 1\n"}
 FLAGS = [
     ("--num-rollout", "loop.steps", int, "steps"),
     ("--shuffle", "loop.shuffle", ON, ""),
@@ -51,17 +53,29 @@ FLAGS = [
 ]
 
 
-def _resolve(argv: list[str], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("presets")
+    for name, text in PRESETS.items():
+        (folder / f"{name}.toml").write_text(text)
+    return folder
+
+
+def _resolve(
+    folder: Path, argv: list[str], defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
-    add_run_flags(parser, PRESETS)
+    add_run_flags(parser, folder)
     add_flags(parser, FLAGS)
-    return resolve_fields(vars(parser.parse_args(argv)), PRESETS.__getitem__, defaults)
+    args = vars(parser.parse_args(argv))
+    return resolve_fields(args, lambda name: load_preset(_Config, folder, name), defaults)
 
 
-def test_flags_not_given_keep_the_preset_and_given_ones_win() -> None:
-    assert _resolve([]) == PRESETS["cpu-default"].to_dict()
-    assert _resolve(["--smoke"])["loop"]["steps"] == 1
+def test_flags_not_given_keep_the_preset_and_given_ones_win(folder: Path) -> None:
+    assert _resolve(folder, []) == _Config(preset="cpu-default").to_dict()
+    assert _resolve(folder, ["--smoke"])["loop"]["steps"] == 1
     data = _resolve(
+        folder,
         [
             "--smoke",
             "--num-rollout",
@@ -71,20 +85,20 @@ def test_flags_not_given_keep_the_preset_and_given_ones_win() -> None:
             "--no-filter",
             "--logger",
             "a, b",
-        ]
+        ],
     )
     assert data["loop"] == {"steps": 7, "shuffle": True, "sft": False, "filter": False}
     assert data["logger"] == ["a", "b"]
     # Defaults (e.g. environment variables) sit between the preset and the flags.
-    assert _resolve([], {"loop.steps": 5})["loop"]["steps"] == 5
-    assert _resolve(["--num-rollout", "9"], {"loop.steps": 5})["loop"]["steps"] == 9
+    assert _resolve(folder, [], {"loop.steps": 5})["loop"]["steps"] == 5
+    assert _resolve(folder, ["--num-rollout", "9"], {"loop.steps": 5})["loop"]["steps"] == 9
 
 
-def test_resume_reads_the_run_config_under_the_given_flags(tmp_path: Path) -> None:
+def test_resume_reads_the_run_config_under_the_given_flags(folder: Path, tmp_path: Path) -> None:
     saved = _Config(loop=_Loop(steps=4, shuffle=True), run_dir=str(tmp_path)).to_dict()
     (tmp_path / "config.json").write_text(json.dumps(saved))
     data = _resolve(
-        ["--resume", "--run-dir", str(tmp_path), "--num-rollout", "6"], {"loop.steps": 1}
+        folder, ["--resume", "--run-dir", str(tmp_path), "--num-rollout", "6"], {"loop.steps": 1}
     )
     assert data["loop"] == {"steps": 6, "shuffle": True, "sft": True, "filter": True}
 
@@ -99,7 +113,7 @@ def test_resume_reads_the_run_config_under_the_given_flags(tmp_path: Path) -> No
     ],
 )
 def test_contradictions_and_missing_runs_are_refused(
-    argv: list[str], error: type[Exception], message: str
+    folder: Path, argv: list[str], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        _resolve(argv)
+        _resolve(folder, argv)

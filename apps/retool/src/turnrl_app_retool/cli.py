@@ -29,7 +29,7 @@ from turnrl.grpo_core.recipe.flags import (
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
-from turnrl_app_retool.config import PRESETS, RetoolAppConfig, preset
+from turnrl_app_retool.config import PRESET_DIR, RetoolAppConfig, preset
 
 # (flag, "section.field", kind): each sets one field (turnrl.grpo_core.recipe.flags).
 _VALUED: list[tuple[str, str, Any]] = [
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="uv run apps/retool",
         description="ReTool: SFT, then GRPO with a code sandbox, evaluated by mean@k and turns.",
     )
-    add_run_flags(parser, PRESETS)
+    add_run_flags(parser, PRESET_DIR)
     parser.add_argument(
         "--val-data",
         dest="data.val_paths",

