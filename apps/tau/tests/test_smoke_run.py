@@ -89,6 +89,11 @@ def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> No
     assert summary["phase_seconds"]["eval during RL"] > 0
     assert 0.0 <= history[0]["val-core/tau/acc/mean@4"] <= 1.0  # smoke: 4 trials per task
     assert not any(key.startswith("val-core/") for key in history[1])
+    # Every step's episodes ran under grpo-core's RolloutManager: its groups all kept, none
+    # re-run or aborted (a healthy engine), and its counts logged with the step.
+    for step in history:
+        assert step["rollout/groups_kept"] == step["rollout/groups_submitted"] == 4, step
+        assert step["rollout/episode_retries"] == step["rollout/aborted_episodes"] == 0.0
     # Every step trained and synced a new weight version to the engine.
     assert all(step["train/skipped"] == 0.0 for step in history)
     assert all(step["perf/sync_total_s"] > 0 for step in history)

@@ -13,6 +13,7 @@ import torch
 
 from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
 from turnrl.grpo_core.loop.loop import failure_reason, rollout_metrics
+from turnrl.grpo_core.loop.rollout_manager import Rollout
 from turnrl.grpo_core.testing.golden import ToySample
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
@@ -40,13 +41,16 @@ def test_failure_reason_is_the_exception_type_of_a_failed_sample() -> None:
     assert failure_reason(_sample(0, status="failed")) == "unknown"
 
 
-async def _one_step(folder: Path, extra: list[ToySample]) -> tuple[dict[str, float], dict]:
+async def _one_step(
+    folder: Path, extra: list[ToySample], managed: dict[str, float] | None = None
+) -> tuple[dict[str, float], dict]:
     trainer = TorchEngine(
         TorchEngineConfig(model_path=str(folder), seed=0, optimizer=OptimizerConfig(lr=1e-2))
     )
 
     async def generate(prompts: list[list[int]], n: int) -> list[ToySample]:
-        return [_sample(i) for i in range(n)] + extra
+        samples = [_sample(i) for i in range(n)] + extra
+        return samples if managed is None else Rollout(samples, managed)
 
     async def reward(samples: list[ToySample]) -> list[float]:
         # what a reward function gives an episode that never ended: 0
@@ -84,3 +88,13 @@ def test_rollout_metrics_count_each_failure_reason() -> None:
     metrics = rollout_metrics(samples, seconds=1.0)
     assert metrics["rollout/failed/TimeoutError"] == 2.0
     assert metrics["rollout/reward_mean"] == 1.0
+
+
+@pytest.mark.slow
+async def test_a_rollout_managers_metrics_are_logged_with_its_step(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "tiny")
+    managed = {"rollout/episode_retries": 2.0, "rollout/groups_kept": 1.0}
+    metrics, _ = await _one_step(folder, [], managed)
+    assert metrics["rollout/episode_retries"] == 2.0 and metrics["rollout/groups_kept"] == 1.0
+    plain, _ = await _one_step(folder, [])
+    assert "rollout/episode_retries" not in plain

