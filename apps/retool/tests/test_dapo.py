@@ -1,5 +1,6 @@
-"""DAPO in the RL stage: overlong shaping, the dynamic sampling filter over GRPOLoop.collect,
-the per-step group counts, and the config/CLI switches (including bad values)."""
+"""DAPO in the RL stage: overlong shaping, what the dynamic sampling filter compares, the
+per-step group counts and console lines, and the config/CLI switches (including bad values).
+The filter itself is grpo-core's RolloutManager (its tests, and the app's vllm smoke run)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import pytest
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RLStageConfig, preset
 from turnrl_app_retool.dapo import (
-    collect_informative,
-    filter_values,
-    group_stats,
+    StepStats,
+    filter_value,
+    group_reward,
     overlong_config,
     shaped_rewards,
 )
 from turnrl_app_retool.rl import step_line
 
-from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
 from turnrl.tool_envs.trajectory import Trajectory
 
 
@@ -50,69 +50,47 @@ def test_overlong_off_leaves_rewards_alone() -> None:
     assert shaped_rewards(samples, None) == [1.0, -0.9]
 
 
-def test_filter_values_and_group_stats() -> None:
+def test_filter_values_and_step_stats() -> None:
     samples = [episode("a", True), episode("a", False), episode("b", False), episode("b", False)]
     samples[3].reward = -0.8  # same accuracy, a different tool-use reward
-    assert filter_values(samples, "acc") == [1.0, 0.0, 0.0, 0.0]
-    assert group_stats(samples, "acc")["rollout/dynamic_sampling/filtered_groups"] == 1.0
-    stats = group_stats(samples, "reward")
-    assert stats["rollout/dynamic_sampling/informative_groups"] == 2.0
-    assert stats["rollout/acc_mean_all"] == 0.25
+    assert [filter_value("acc")(s) for s in samples] == [1.0, 0.0, 0.0, 0.0]
+    by_acc, by_reward = StepStats("acc"), StepStats("reward")
+    for stats in (by_acc, by_reward):
+        stats.add(samples[:2])
+        stats.add(samples[2:])
+    assert by_acc.take()["rollout/groups_uniform"] == 1.0
+    taken = by_reward.take()
+    assert taken["rollout/groups_varied"] == 2.0 and taken["rollout/acc_mean_all"] == 0.25
+    assert taken["rollout/reward_mean_all"] == pytest.approx((1.0 - 0.9 - 0.9 - 0.8) / 4)
+    assert by_reward.take()["rollout/groups_varied"] == 0.0  # each step counts afresh
     with pytest.raises(ValueError, match="filter metric"):
-        filter_values(samples, "score")
+        filter_value("score")
 
 
-def scripted_loop(solvable: set[int], rl: RLStageConfig) -> tuple[GRPOLoop, list[list[int]]]:
-    """A real GRPOLoop whose generate hook answers prompt p correctly on even samples when
-    p is in ``solvable`` and never otherwise (all-wrong groups carry no signal)."""
-    calls: list[list[int]] = []
-
-    async def generate(prompts: list[int], n: int) -> list[Trajectory]:
-        calls.append(list(prompts))
-        return [
-            episode(f"r{len(calls)}-{i}", p in solvable and k % 2 == 0)
-            for i, p in enumerate(prompts)
-            for k in range(n)
-        ]
-
-    async def reward(samples: list[Trajectory]) -> list[float]:
-        return [s.reward for s in samples]
-
-    config = LoopConfig(
-        rollout_batch_size=rl.rollout_batch_size,
-        n_samples_per_prompt=rl.n_samples_per_prompt,
-        global_batch_size=4,
-    )
-    loop = GRPOLoop(config, None, list(range(12)), generate, reward, weight_sync=None, pad_id=0)
-    return loop, calls
+async def test_the_group_reward_shapes_sets_and_counts() -> None:
+    rl = RLStageConfig(max_response_length=100, overlong_buffer_len=20)
+    stats = StepStats("reward")
+    group = [episode("g", True, model_tokens=130), episode("g", True)]
+    assert await group_reward(rl, stats)(group) == pytest.approx([0.0, 1.0])
+    assert [s.reward for s in group] == pytest.approx([0.0, 1.0])  # what the filter sees
+    taken = stats.take()
+    assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/groups_varied"] == 1.0
 
 
-async def test_dynamic_sampling_refills_until_enough_informative_groups() -> None:
-    rl = RLStageConfig(
-        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, gen_batch_size=3
-    )
-    loop, calls = scripted_loop({1, 4, 5}, rl)
-    kept, seconds, stats = await collect_informative(loop, rl)
-    assert len(calls) == 2 and len(calls[0]) == 3  # round 1 finds one, round 2 the second
-    assert sorted({s.group_id for s in kept}) == ["r1-1", "r2-1"] and len(kept) == 4
-    assert stats["rollout/dynamic_sampling/gen_batches"] == 2.0
-    assert stats["rollout/dynamic_sampling/generated_groups"] == 6.0
-    assert stats["rollout/dynamic_sampling/filtered_groups"] == 3.0  # prompts 0, 2 and 3
-    assert stats["rollout/dynamic_sampling/kept_groups"] == 2.0
-    assert stats["rollout/dynamic_sampling/exhausted"] == 0.0 and seconds >= 0.0
-
-
-async def test_dynamic_sampling_gives_up_after_max_rounds_and_trains_what_it_has() -> None:
-    rl = RLStageConfig(
-        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, max_num_gen_batches=3
-    )
-    loop, calls = scripted_loop(set(), rl)  # nothing solvable: every group is filtered
-    kept, _, stats = await collect_informative(loop, rl)
-    assert len(calls) == 3
-    assert stats["rollout/dynamic_sampling/exhausted"] == 1.0
-    assert len({s.group_id for s in kept}) == 2  # a step's worth of (zero-advantage) groups
-    line = step_line(1, {"rollout/reward_mean": -0.9, **stats})
-    assert "filtered 6" in line and "3 round(s)" in line and "max rounds reached" in line
+def test_step_lines_say_what_the_filter_did() -> None:
+    exhausted = {
+        "rollout/reward_mean": -0.9,
+        "rollout/groups_kept": 1.0,
+        "rollout/groups_filtered": 6.0,
+        "rollout/sampling_rounds": 3.0,
+        "rollout/filter_exhausted": 1.0,
+        "rollout/episode_retries": 2.0,
+    }
+    line = step_line(1, exhausted, filtering=True)
+    assert "kept 1 / filtered 6 in 3 round(s)" in line and "max rounds reached" in line
+    assert "2 episode(s) re-run" in line
+    plain = {"rollout/reward_mean": 0.1, "rollout/groups_uniform": 3, "rollout/groups_generated": 8}
+    assert "equal rewards 3 of 8 (not filtered)" in step_line(2, plain, filtering=False)
 
 
 def test_dapo_presets_and_flags() -> None:

@@ -154,8 +154,8 @@ def test_summary_and_table_carry_standard_errors() -> None:
     history = [
         {
             "rollout/reward_mean": 0.0,
-            "rollout/dynamic_sampling/filtered_groups": 3.0,
-            "rollout/dynamic_sampling/gen_batches": 2.0,
+            "rollout/groups_filtered": 3.0,
+            "rollout/sampling_rounds": 2.0,
         }
     ] * 2
     per_problem = ({"a": [0.0, 0.5]}, {"a": [0.5, 0.5]})

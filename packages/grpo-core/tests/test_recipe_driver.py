@@ -145,8 +145,8 @@ def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
 class FakeLoop:
     """What RLStage uses of a GRPOLoop: resume_latest, step, run, history, ensure_checkpoint."""
 
-    def __init__(self, on_metrics: Any, done: int = 0) -> None:
-        self.on_metrics, self.done = on_metrics, done
+    def __init__(self, on_metrics: Any, done: int = 0, fail_at: int = 0) -> None:
+        self.on_metrics, self.done, self.fail_at = on_metrics, done, fail_at
         self.step, self.history, self.checkpoints = 0, [], []
 
     async def resume_latest(self) -> Path | None:
@@ -156,6 +156,8 @@ class FakeLoop:
         return Path(f"checkpoints/step_{self.done}")
 
     async def run_step(self) -> None:
+        if self.step + 1 == self.fail_at:
+            raise RuntimeError("engine died")
         self.step += 1
         metrics = {"rollout/reward_mean": float(self.step)}
         self.history.append(metrics)
@@ -171,13 +173,12 @@ class FakeLoop:
         return Path(f"checkpoints/step_{self.step}")
 
 
-@pytest.mark.parametrize("by_step", [False, True])
-def test_the_rl_stage_runs_the_steps_a_resumed_folder_has_left(by_step: bool) -> None:
+def test_the_rl_stage_runs_the_steps_a_resumed_folder_has_left() -> None:
     seen: list[int] = []
     console = quiet()
     stage = RLStage(console, 5, lambda step, metrics: seen.append(step))
     loop = FakeLoop(stage.on_metrics, done=2)
-    history = asyncio.run(stage.run(loop, loop.run_step if by_step else None))  # type: ignore[arg-type]
+    history = asyncio.run(stage.run(loop))  # type: ignore[arg-type]
     assert seen == [3, 4, 5] and len(history) == 5 and loop.checkpoints == [5]
     assert "resumed GRPO from checkpoints/step_2 (2/5 steps done)" in console.export_text()
     stage.on_metrics(6, {})  # after the stage, the hook still reaches the caller (no bar)
@@ -186,14 +187,9 @@ def test_the_rl_stage_runs_the_steps_a_resumed_folder_has_left(by_step: bool) ->
 
 def test_a_failed_rl_stage_writes_no_extra_checkpoint() -> None:
     stage = RLStage(quiet(), 3)
-    loop = FakeLoop(stage.on_metrics)
-
-    async def failing() -> None:
-        await loop.run_step()
-        raise RuntimeError("engine died")
-
+    loop = FakeLoop(stage.on_metrics, fail_at=2)
     with pytest.raises(RuntimeError, match="engine died"):
-        asyncio.run(stage.run(loop, failing))  # type: ignore[arg-type]
+        asyncio.run(stage.run(loop))  # type: ignore[arg-type]
     assert loop.step == 1 and loop.checkpoints == []  # the loop's own interval decides
 
 

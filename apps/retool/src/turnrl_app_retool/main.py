@@ -405,14 +405,11 @@ def make_summary(
             errors["acc_delta_se"],
             f"paired over {errors['num_val_problems']:.0f} problems",
         )
-    filtered = [h.get("rollout/dynamic_sampling/filtered_groups", 0.0) for h in history]
     return {
         **errors,
         "dynamic_sampling": config.rl.dynamic_sampling,
-        "filtered_groups_total": sum(filtered),
-        "gen_batches_total": sum(
-            h.get("rollout/dynamic_sampling/gen_batches", 1.0) for h in history
-        ),
+        "filtered_groups_total": sum(h.get("rollout/groups_filtered", 0.0) for h in history),
+        "gen_batches_total": sum(h.get("rollout/sampling_rounds", 1.0) for h in history),
         "preset": config.preset,
         "n": config.eval.n,
         "val_datasets": sorted({k.split("/")[1] for k in before if k.startswith("val-core/")}),

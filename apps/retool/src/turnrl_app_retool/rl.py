@@ -1,9 +1,11 @@
 """The ReTool app's training engine and its RL stage (GRPO, or DAPO when the config asks).
 
-:func:`run_rl_stage` drives ``turnrl.grpo_core.loop.GRPOLoop`` step by step: collect (one
-round of ``rollout_batch_size`` prompts, or DAPO's dynamic sampling over several rounds,
-:mod:`turnrl_app_retool.dapo`), then learn (advantages, policy update, weights pushed to the
-engines through disk). Rewards are ReTool's, plus DAPO's overlong penalty when
+:func:`run_rl_stage` drives ``turnrl.grpo_core.loop.GRPOLoop`` whose rollout is grpo-core's
+``RolloutManager``: each step's groups (``rollout_batch_size`` prompts, or with DAPO's dynamic
+sampling rounds of ``gen_batch_size`` more until enough groups vary,
+:mod:`turnrl_app_retool.dapo`) run as episodes with the sandbox, scored as they finish; a
+dead engine's episodes re-run, leftovers are aborted. Then learn (advantages, policy update,
+weights pushed to the engines). Rewards are ReTool's, plus DAPO's overlong penalty when
 ``rl.overlong_buffer_len > 0``. Each step is logged to the run folder and printed as one
 console line with the number of groups the filter dropped.
 """
@@ -16,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnrl.tool_envs.math_data import MathTask
-from turnrl.tool_envs.retool_episodes import run_tasks
+from turnrl.tool_envs.retool_episodes import run_task
 from turnrl_app_retool.config import RetoolAppConfig
-from turnrl_app_retool.dapo import collect_informative, group_stats, overlong_config, shaped_rewards
+from turnrl_app_retool.dapo import StepStats, filter_value, group_reward
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.driver import Run
@@ -77,25 +79,27 @@ def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: in
     return TorchEngine(trainer_config(model_path, config, lr, micro))
 
 
-def step_line(step: int, metrics: dict[str, float]) -> str:
+def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:
     """The console line of one RL step (reward, accuracy, groups filtered, seconds)."""
     line = (
         f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
         f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}"
     )
-    if "rollout/dynamic_sampling/kept_groups" in metrics:
+    if filtering:
         line += (
-            f", groups kept {metrics['rollout/dynamic_sampling/kept_groups']:.0f} / "
-            f"filtered {metrics['rollout/dynamic_sampling/filtered_groups']:.0f} "
-            f"in {metrics['rollout/dynamic_sampling/gen_batches']:.0f} round(s)"
+            f", groups kept {metrics.get('rollout/groups_kept', 0.0):.0f} / "
+            f"filtered {metrics.get('rollout/groups_filtered', 0.0):.0f} "
+            f"in {metrics.get('rollout/sampling_rounds', 1.0):.0f} round(s)"
         )
-        if metrics.get("rollout/dynamic_sampling/exhausted"):
+        if metrics.get("rollout/filter_exhausted"):
             line += " (max rounds reached: short of informative groups)"
     else:
         line += (
-            f", groups with equal rewards {metrics['rollout/dynamic_sampling/filtered_groups']:.0f}"
-            f" of {metrics['rollout/dynamic_sampling/generated_groups']:.0f} (not filtered)"
+            f", groups with equal rewards {metrics.get('rollout/groups_uniform', 0.0):.0f}"
+            f" of {metrics.get('rollout/groups_generated', 0.0):.0f} (not filtered)"
         )
+    if metrics.get("rollout/episode_retries"):
+        line += f", {metrics['rollout/episode_retries']:.0f} episode(s) re-run"
     return line + f", {metrics.get('perf/step_s', 0.0):.1f}s"
 
 
@@ -123,7 +127,7 @@ async def run_rl_stage(
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import LoopConfig
+    from turnrl.grpo_core.loop import LoopConfig, RolloutManager, RolloutManagerConfig, keep_rewards
     from turnrl.grpo_core.recipe import build_loop
     from turnrl.grpo_core.recipe.driver import RLStage
 
@@ -151,29 +155,36 @@ async def run_rl_stage(
             sampling=replace(settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p),
         ),
     )
-    overlong = overlong_config(rl)
-    rounds = [0]  # every generation round gets fresh group ids (the filter tracks groups by id)
+    stats = StepStats(rl.filter_metric)
 
-    async def generate(prompts: list[MathTask], n: int) -> list[Any]:
-        rounds[0] += 1
-        return await run_tasks(router, rl_settings, prompts, n, group_prefix=f"train-r{rounds[0]}")
+    async def episode(task: MathTask, index: int, group: str, session: str) -> Any:
+        return await run_task(router, rl_settings, task, group, index, session)
 
-    async def reward(samples: list[Any]) -> list[float]:
-        return shaped_rewards(samples, overlong)  # scored in run_tasks with the answer at hand
+    manager = RolloutManager(
+        episode,
+        group_reward(rl, stats),
+        router,
+        RolloutManagerConfig(
+            max_concurrency=rl.max_inflight,
+            dynamic_filter=rl.dynamic_sampling,
+            over_sampling_batch_size=rl.gen_batch_size if rl.dynamic_sampling else None,
+            max_sampling_rounds=rl.max_num_gen_batches,
+            train_when_exhausted=True,
+        ),
+        filter_value=filter_value(rl.filter_metric),
+    )
 
     async def during_rl(step: int) -> dict[str, float]:
         if evaluate is not None and step < rl.num_rollout:
             await evaluate(step)  # logged as its own phase ("val"), not in the step's metrics
         return {}
 
-    step_stats: dict[str, float] = {}
-
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
-        metrics.update(step_stats)  # the same dict lands in the loop's history
+        metrics.update(stats.take())  # the same dict lands in the loop's history
         # Also under verl's names, so curves line up with a verl ReTool run.
         verl = {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
         run.logger(step, {**metrics, **verl}, phase="rl")
-        console.print(step_line(step, metrics))
+        console.print(step_line(step, metrics, rl.dynamic_sampling))
 
     stage = RLStage(console, rl.num_rollout, on_metrics)
     trainer = trainer_config(
@@ -185,8 +196,8 @@ async def run_rl_stage(
         loop_config,
         trainer,
         train,
-        generate,
-        reward,
+        manager.generate,
+        keep_rewards,
         pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
         urls=urls,
         sync_root=run.folder / "weights",
@@ -198,17 +209,7 @@ async def run_rl_stage(
         checkpoint_dir=run.folder / "checkpoints",
     )
 
-    async def one_step() -> None:
-        """Collect (one round, or DAPO's informative groups over several), then learn."""
-        if rl.dynamic_sampling:
-            samples, seconds, stats = await collect_informative(loop, rl)
-        else:
-            samples, seconds = await loop.collect(loop.data.next(rl.rollout_batch_size))
-            stats = group_stats(samples, rl.filter_metric)
-        step_stats.clear()
-        step_stats.update(stats)
-        await loop.learn(samples, seconds)
-
-    history = await stage.run(loop, one_step)
+    manager.prompt_source = loop.data.next  # DAPO's extra rounds draw from the loop's data
+    history = await stage.run(loop)
     loop.trainer.export_hf(run.folder / "model" / "rl")
     return history

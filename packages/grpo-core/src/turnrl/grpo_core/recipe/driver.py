@@ -242,16 +242,12 @@ class RLStage:
             shown = self.label if reward is None else f"{self.label} reward {reward:+.2f}"
             self.bar.update(self.bar.task_ids[0], advance=1, description=shown)
 
-    async def run(
-        self, loop: GRPOLoop, step: Callable[[], Awaitable[Any]] | None = None
-    ) -> list[dict[str, float]]:
-        """Run the steps the folder's checkpoints have not done yet; returns every step's
-        metrics (``loop.history``).
+    async def run(self, loop: GRPOLoop) -> list[dict[str, float]]:
+        """Run the steps the folder's checkpoints have not done yet with ``loop.run`` (which
+        an asynchronous loop overlaps); returns every step's metrics (``loop.history``).
 
         Args:
             loop: Built with this stage's :meth:`on_metrics` and a ``checkpoint_dir``.
-            step: One step (e.g. DAPO's collect-then-learn), awaited once per step left;
-                None runs them with ``loop.run`` (which an asynchronous loop overlaps).
         """
         if (checkpoint := await loop.resume_latest()) is not None:  # a resumed run's folder
             self.console.print(
@@ -263,11 +259,7 @@ class RLStage:
             bar.add_task(self.label, total=self.total, completed=loop.step)
             self.bar = bar
             try:
-                if step is None:
-                    await loop.run(left)
-                else:
-                    for _ in range(left):
-                        await step()
+                await loop.run(left)
             finally:
                 self.bar = None
         loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
