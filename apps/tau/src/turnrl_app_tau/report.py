@@ -41,6 +41,11 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
             else ""
         )
         + f"  train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
+        + (
+            f"  {m['rollout/episode_retries']:.0f} episode(s) re-run (engine failures)"
+            if m.get("rollout/episode_retries")
+            else ""
+        )
     )
 
 

@@ -8,7 +8,6 @@
 - combined actor loss: `actor_loss` with `ActorLossConfig`
 - `chunked_logprobs`: log-probs/entropy from hidden states without `[N, V]` logits
 - `pack_micro_batches`: token-budget micro-batches balanced across data-parallel ranks
-- `dynamic_sampling_filter` / `DynamicSampler`: DAPO's filter of constant-reward groups
 """
 
 from turnrl.grpo_core.algos.actor_loss import ActorLossConfig, ActorLossOutput, actor_loss
@@ -27,12 +26,6 @@ from turnrl.grpo_core.algos.aggregation import (
     count_loss_tokens_and_seqs,
     masked_mean,
     masked_sum,
-)
-from turnrl.grpo_core.algos.dynamic_sampling import (
-    DynamicSampler,
-    FilterResult,
-    SamplerStatus,
-    dynamic_sampling_filter,
 )
 from turnrl.grpo_core.algos.kl import (
     KL_KINDS,
@@ -60,20 +53,16 @@ __all__ = [
     "ActorLossOutput",
     "AdvantageMethod",
     "AggregationMode",
-    "DynamicSampler",
-    "FilterResult",
     "KLKind",
     "PackingPlan",
     "PolicyLossOutput",
     "PolicyLossVariant",
-    "SamplerStatus",
     "actor_loss",
     "aggregate_loss",
     "chunked_logprobs",
     "compute_advantages",
     "count_loss_tokens_and_seqs",
     "discounted_returns",
-    "dynamic_sampling_filter",
     "entropy_from_logits",
     "group_index",
     "kl_in_reward",
