@@ -169,9 +169,10 @@ class RolloutSettings:
     trained from scratch learns the tools from SFT, and the prompt is ~600 tokens shorter)."""
     custom_generate_function_path: str | None = None
     """Rollout hook ``(prompts, n) -> samples`` by dotted path [--custom-generate-function-path];
-    None uses the app's tau rollout."""
+    None uses the app's tau rollout (episodes under grpo-core's RolloutManager)."""
     custom_rm_path: str | None = None
-    """Reward hook ``(samples) -> rewards`` by dotted path [--custom-rm-path]; None uses the
+    """Reward hook ``(samples) -> rewards`` by dotted path [--custom-rm-path], called once per
+    GRPO group as groups finish (the whole batch with a custom rollout hook); None uses the
     app's tau reward (``tau_reward``)."""
     tau_reward: str = "shaped-group-max"
     """The app's reward [--tau-reward]: ``shaped-group-max`` (vime's: task reward plus tool-call
