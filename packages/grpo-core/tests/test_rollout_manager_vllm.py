@@ -123,6 +123,9 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
         os.killpg(group, signal.SIGSTOP)
         try:
             began = time.monotonic()
+            # What B sent before it stopped may still be on its way (socket buffers): a
+            # stream that ends from it ended before the stop. Held = still in flight after.
+            await asyncio.sleep(0.5)
             held = {
                 sid: sum(b.in_flight_tokens(sid).values()) for sid in started if b.in_flight(sid)
             }
