@@ -486,7 +486,6 @@ async def _train(
     config = run.config
     r = config.rollout
     reward = load_function(r.custom_rm_path) if r.custom_rm_path else REWARDS[r.tau_reward]
-    manager = None
     if r.custom_generate_function_path:  # the hook rolls out; the loop scores its samples
         generate = load_function(r.custom_generate_function_path)
     else:  # groups scored as they finish, dead engines' episodes re-run, leftovers aborted
