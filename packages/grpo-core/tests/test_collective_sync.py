@@ -241,6 +241,32 @@ def test_engine_with_other_world_size_fails_before_any_init(
         assert calls["/get_world_size"] == 1 and "/init_weight_transfer_engine" not in calls
 
 
+def test_worker_counts_left_out_are_asked_of_the_engines(
+    trainer: TorchEngine, receivers: list[str], tmp_path: Path
+) -> None:
+    """``workers_per_engine=None`` (how runs build it): each engine's ``/get_world_size``
+    sets its rank offset; the weights arrive as with the counts given."""
+    urls = engines(receivers)
+    sync = CollectiveWeightSync(config(urls, workers_per_engine=None))
+    assert sync.workers is None
+    asyncio.run(sync.sync(trainer, 1))
+    assert sync.workers == [1, 1]
+    offsets = []
+    for index, url in enumerate(urls):
+        stats = asyncio.run(received(url))
+        offsets.append(stats["inits"][-1]["rank_offset"])  # type: ignore[index]
+        got = asyncio.run(dump(url, tmp_path / f"e{index}.safetensors"))
+        for name, tensor in hf_weights(trainer):
+            assert torch.equal(got[name], tensor.cpu()), name
+    assert offsets == [1, 2]
+    asyncio.run(sync.close())
+    zero = engines(receivers, world_size=(1, 0))
+    unusable = CollectiveWeightSync(config(zero, workers_per_engine=None))
+    with pytest.raises(WeightSyncError, match=r"runs 0 workers"):
+        asyncio.run(unusable.sync(trainer, 1))
+    assert unusable.group is None
+
+
 def test_engine_without_transfer_api_raises_with_the_flags_to_start_it(
     trainer: TorchEngine, receivers: list[str]
 ) -> None:
@@ -336,3 +362,50 @@ def test_fsdp_two_ranks_gather_shards_and_rank_zero_sends_full_weights(
         assert torch.equal(got[name], tensor), name
         torch.testing.assert_close(tensor, original[name] * 1.5)
     assert asyncio.run(_version(url)) == "1"
+
+
+def test_the_weight_sync_follows_the_device_and_placement(tmp_path: Path) -> None:
+    """Disk on the CPU and for colocated engines; NCCL on GPUs, HCCL on NPUs, the engines
+    then started with the matching transfer engine (no device needed: nothing connects)."""
+    from turnrl.grpo_core.placement.plan import PlacementConfig
+    from turnrl.grpo_core.placement.trainer_group import RayCollectiveSync, group_weight_sync
+    from turnrl.grpo_core.weight_sync import DiskWeightSync
+    from turnrl.grpo_core.weight_sync.choose import (
+        collective_backend,
+        make_weight_sync,
+        with_weight_transfer,
+    )
+    from turnrl.rollout_router.engine import EngineSpec
+
+    assert collective_backend("cpu") is None
+    assert collective_backend("gpu") == collective_backend("cuda") == "nccl"
+    assert collective_backend("npu") == "hccl"
+    assert collective_backend("gpu", colocate=True) is None
+    spec = EngineSpec(model="m", device="gpu", dev_mode=False)
+    nccl = with_weight_transfer(spec, "nccl")
+    assert nccl.extra_args == ["--weight-transfer-config", '{"backend": "nccl"}'] and nccl.dev_mode
+    assert with_weight_transfer(nccl, "nccl") == nccl  # not twice
+    assert with_weight_transfer(spec, None) == spec
+    urls = ["http://a:1", "http://b:2"]
+    assert isinstance(make_weight_sync(None, urls, tmp_path), DiskWeightSync)
+    local = make_weight_sync("nccl", urls, tmp_path)
+    assert isinstance(local, CollectiveWeightSync) and local.config.backend == "nccl"
+    group: object = object()  # a trainer group: only kept, not called
+    for accelerator, colocate, want in [
+        ("CPU", False, None),
+        ("GPU", False, "nccl"),
+        ("NPU", False, "hccl"),
+        ("GPU", True, None),
+    ]:
+        placement = PlacementConfig(
+            actor_num_gpus_per_node=2,
+            rollout_num_gpus=2,
+            colocate=colocate,
+            accelerator=accelerator,
+        )
+        sync = group_weight_sync(placement, group, urls, tmp_path)  # type: ignore[arg-type]
+        if want is None:
+            assert isinstance(sync, DiskWeightSync), accelerator
+        else:
+            assert isinstance(sync, RayCollectiveSync) and sync.config.backend == want
+            assert sync.config.workers_per_engine is None and sync.config.engine_urls == urls

@@ -261,6 +261,56 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_step(
 
 
 @pytest.mark.slow
+def test_the_ranks_collective_sync_delivers_the_groups_weights(
+    ray_result: RayRunResult, tmp_path: Path
+) -> None:
+    """On GPUs and NPUs a Ray run's weights go from the ranks over NCCL / HCCL
+    (``group_weight_sync``). The same :class:`RayCollectiveSync` here runs over gloo to a
+    stand-in engine (``collective_receiver.py``: vLLM's routes, a torch receiver; no GPU
+    here): both ranks gather their FSDP shards, rank 0 sends, and the engine holds exactly
+    the weights the group exports, at the version sent."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from turnrl.grpo_core.placement.trainer_group import RayCollectiveSync
+    from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig
+    from turnrl.rollout_router.client import EngineClient
+
+    group = ray_result.run.trainers
+    assert group is not None
+    receiver = Path(__file__).with_name("collective_receiver.py")
+    proc = subprocess.Popen([sys.executable, str(receiver), "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
+        config = CollectiveSyncConfig(
+            engine_urls=[url], backend="gloo", workers_per_engine=None, init_timeout_s=60.0
+        )
+        sync = RayCollectiveSync(group, config)
+
+        async def send_and_dump(version: int) -> tuple[dict[str, float], str | None]:
+            timings = await sync.sync(group, version)
+            async with EngineClient(url) as client:
+                await client._call("POST", "/dump", {"path": str(tmp_path / "got.safetensors")})
+                return timings, await client.weight_version()
+
+        timings, served = asyncio.run(send_and_dump(11))
+        exported = load_file(str(group.export_hf(tmp_path / "export") / "model.safetensors"))
+        got = load_file(str(tmp_path / "got.safetensors"))
+        assert served == "11" and timings["bytes"] > 0 and timings["buckets"] >= 1
+        assert got.keys() == exported.keys()
+        for name, tensor in exported.items():
+            assert torch.equal(got[name], tensor), name
+        assert asyncio.run(send_and_dump(12))[1] == "12"  # the group is kept between syncs
+        asyncio.run(sync.close())
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
 def test_killed_trainer_rank_is_a_clear_error(ray_result: RayRunResult) -> None:
     """A dead rank: the step fails within seconds naming rank and method; later calls too."""
     ray = pytest.importorskip("ray")

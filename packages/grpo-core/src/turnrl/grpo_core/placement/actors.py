@@ -133,6 +133,7 @@ class TrainerActor:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.engine: Any = None
         self.reference: Any = None
+        self.weight_sync: Any = None
 
     def node_info(self) -> dict[str, Any]:
         """Node id, node IP, pid and rank of this actor."""
@@ -182,6 +183,30 @@ class TrainerActor:
         if self.reference is None:
             raise RuntimeError(f"trainer rank {self.rank}: build_reference() has not run")
         return self.reference.compute_logprobs(batch)
+
+    def sync_weights(self, config: Any, version: int) -> dict[str, float]:
+        """Send the weights to the engines as ``version`` over ``config``'s collective (a
+        ``CollectiveSyncConfig``; its group is made on the first call and kept): every rank
+        gathers its shards, rank 0 sends them. Its store listens on this node's address."""
+        import asyncio
+
+        from turnrl.grpo_core.weight_sync.collective import CollectiveWeightSync
+
+        if self.engine is None:
+            raise RuntimeError(f"trainer rank {self.rank}: build_engine() has not run")
+        if self.weight_sync is None:
+            if config.master_address == "127.0.0.1":  # engines on other nodes reach it here
+                config = replace(config, master_address=require_ray().util.get_node_ip_address())
+            self.weight_sync = CollectiveWeightSync(config, rank=self.rank)
+        return asyncio.run(self.weight_sync.sync(self.engine, version))
+
+    def close_weight_sync(self) -> None:
+        """Leave the engines' transfer group (rank 0), if one was made."""
+        import asyncio
+
+        sync, self.weight_sync = self.weight_sync, None
+        if sync is not None:
+            asyncio.run(sync.close())
 
     def shutdown(self) -> None:
         """Drop the engine and leave the process group."""

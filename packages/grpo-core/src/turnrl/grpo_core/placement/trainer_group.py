@@ -61,13 +61,16 @@ from turnrl.grpo_core.loop.loop import (
     RewardFn,
 )
 from turnrl.grpo_core.placement.actors import EngineLaunch, RayPlacement, require_ray
-from turnrl.grpo_core.placement.plan import PlacementConfig
+from turnrl.grpo_core.placement.plan import PlacementConfig, resolve_accelerator
 from turnrl.grpo_core.training.batch import TrainBatch
-from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
+from turnrl.grpo_core.weight_sync.choose import collective_backend
+from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig
+from turnrl.grpo_core.weight_sync.disk import DiskWeightSync, WeightSync
 from turnrl.grpo_core.weight_sync.sleep import EngineSleep
 
 __all__ = [
     "GROUP_METRICS",
+    "RayCollectiveSync",
     "RayGRPORun",
     "RayReference",
     "RayTrainerGroup",
@@ -315,6 +318,56 @@ class RayReference:
         return replace(batch, ref_logprobs=self.compute_logprobs(batch))
 
 
+class RayCollectiveSync:
+    """:class:`~turnrl.grpo_core.weight_sync.collective.CollectiveWeightSync` on every rank
+    of a trainer group: each rank gathers its shards, rank 0 broadcasts them to the engines.
+
+    Args:
+        group: The trainer ranks.
+        config: Engines and backend (``workers_per_engine=None`` asks each engine).
+    """
+
+    def __init__(self, group: RayTrainerGroup, config: CollectiveSyncConfig) -> None:
+        self.group, self.config = group, config
+
+    async def sync(self, trainer: Any, version: int) -> dict[str, float]:
+        """Send the group's weights as ``version`` (``trainer`` is the group itself); rank
+        0's timings (``total_s``, ``transfer_s``, ``bytes``, ``buckets``, ``gb_per_s``)."""
+        import asyncio
+
+        call = self.group._call
+        results = await asyncio.to_thread(
+            call, "sync_weights", actor_method="sync_weights", config=self.config, version=version
+        )
+        return dict(results[0])
+
+    async def close(self) -> None:
+        """Leave the engines' transfer group."""
+        import asyncio
+
+        await asyncio.to_thread(
+            self.group._call, "close_weight_sync", actor_method="close_weight_sync"
+        )
+
+
+def group_weight_sync(
+    placement: PlacementConfig,
+    group: RayTrainerGroup,
+    urls: Sequence[str],
+    sync_root: str | Path,
+    keep_last: int = 1,
+) -> WeightSync:
+    """The weight sync of a Ray run (:mod:`~turnrl.grpo_core.weight_sync.choose`): a
+    collective from the ranks on GPUs / NPUs whose engines have devices of their own, else
+    disk under ``sync_root``."""
+    device = {"GPU": "cuda", "NPU": "npu", "CPU": "cpu"}[resolve_accelerator(placement.accelerator)]
+    backend = collective_backend(device, placement.colocate)
+    if backend is None:
+        return DiskWeightSync(list(urls), sync_root, keep_last=keep_last)
+    config = CollectiveSyncConfig(engine_urls=list(urls), backend=backend, workers_per_engine=None)
+    return RayCollectiveSync(group, config)
+
+
 def _gather_rows(
     batch: TrainBatch, parts: list[torch.Tensor], bounds: list[tuple[int, int]]
 ) -> torch.Tensor:
@@ -441,8 +494,9 @@ class RayGRPORun:
         checkpoint_dir: str | Path | None = None,
         engine_busy: BusyFn | None = None,
     ) -> GRPOLoop:
-        """A :class:`GRPOLoop` training with the trainer group, syncing the engines by disk
-        (an :class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop` when
+        """A :class:`GRPOLoop` training with the trainer group, syncing the engines as
+        :func:`group_weight_sync` chooses (a collective on devices, disk on the CPU or
+        colocated; an :class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop` when
         ``config.asynchronous``); colocated engines sleep while the ranks train
         (:class:`~turnrl.grpo_core.weight_sync.sleep.EngineSleep`).
 
@@ -459,7 +513,9 @@ class RayGRPORun:
         if self.engine_urls:
             if sync_root is None:
                 raise ValueError("the run has engines: give sync_root for the weight sync")
-            weight_sync = DiskWeightSync(self.engine_urls, sync_root, keep_last=keep_last)
+            weight_sync = group_weight_sync(
+                self.placement.config, self.trainers, self.engine_urls, sync_root, keep_last
+            )
             if self.placement.config.colocate:  # the engines sleep while the ranks train
                 engine_sleep = EngineSleep(self.engine_urls)
         from turnrl.grpo_core.loop.async_loop import loop_class

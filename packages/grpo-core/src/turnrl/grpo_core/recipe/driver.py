@@ -194,6 +194,11 @@ def engine_fleet(
         num_local: How many engines the local runner starts.
         torch_threads: CPU threads of each Ray trainer rank (0: one per core).
     """
+    from turnrl.grpo_core.weight_sync.choose import collective_backend, with_weight_transfer
+
+    colocate = placement is not None and placement.colocate
+    # The engines run the weight-transfer engine the loop will use (build_loop chooses alike).
+    spec = with_weight_transfer(spec, collective_backend(spec.device, colocate))
     if placement is not None:
         from turnrl.grpo_core.placement.actors import EngineLaunch
         from turnrl.grpo_core.recipe.cluster import ray_run

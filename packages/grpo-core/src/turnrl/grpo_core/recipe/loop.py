@@ -40,7 +40,9 @@ def build_loop(
         trainer: The ``TorchEngineConfig`` (or ``MegatronEngineConfig``) every trainer
             (this process's, or each rank's) builds.
         urls: The engines' URLs (the local runner's; a Ray run knows its own).
-        sync_root: Folder of the exported weight versions the engines reload.
+        sync_root: Folder of the exported weight versions the engines reload (when the
+            weights go through disk: on the CPU, or with colocated engines; on GPUs and
+            NPUs they go over NCCL / HCCL, :mod:`~turnrl.grpo_core.weight_sync.choose`).
         job: A started ``RayGRPORun`` (its trainer ranks are started here unless they are
             already), or None to train in this process.
         reference: The reference policy's ``ReferencePolicy`` arguments (``model_path``,
@@ -51,19 +53,22 @@ def build_loop(
     if job is None:
         from turnrl.grpo_core.training.reference import ReferencePolicy
         from turnrl.grpo_core.training.torch_engine import make_engine
-        from turnrl.grpo_core.weight_sync import DiskWeightSync
+        from turnrl.grpo_core.weight_sync.choose import collective_backend, make_weight_sync
 
         ref = None
         if reference is not None:
             kwargs = dict(reference)
             ref = ReferencePolicy(kwargs.pop("model_path"), **kwargs)
+        engine = make_engine(trainer)
+        # The local runner's engines never share the trainer's device (engine_fleet).
+        backend = collective_backend(str(getattr(engine, "device", "cpu")).split(":")[0])
         return loop_class(config)(
             config,
-            make_engine(trainer),
+            engine,
             prompts,
             generate,
             reward,
-            weight_sync=DiskWeightSync(list(urls), sync_root),
+            weight_sync=make_weight_sync(backend, urls, sync_root),
             pad_id=pad_id,
             reference=ref,
             **hooks,

@@ -9,7 +9,8 @@ Backends (:data:`BACKENDS`) differ only in the trainer's transfer group and in t
 - ``gloo`` -- a torch gloo group on CPU, for receivers that join with torch (the tests).
 
 Before the first group is made, each engine's ``GET /get_world_size`` must equal its
-``workers_per_engine`` (a wrong count would hang the rendezvous instead of failing).
+``workers_per_engine`` (a wrong count would hang the rendezvous instead of failing); with
+``workers_per_engine=None`` that reply is the count.
 
 Setup (first sync): trainer rank 0 opens a :mod:`transfer group
 <turnrl.npu_runtime.transfer>` with every worker of every engine: it POSTs
@@ -65,8 +66,9 @@ class CollectiveSyncConfig:
     """``nccl``: vLLM's NCCL weight-transfer engine (GPU, unique-id rendezvous);
     ``hccl``: vllm-ascend's HCCL weight-transfer engine (NPU, TCP-store rendezvous);
     ``gloo``: a torch.distributed gloo group (CPU; receivers that join with torch)."""
-    workers_per_engine: int | Sequence[int] = 1
-    """Workers (TP x PP x DP ranks) of each engine: one number for all, or one per engine."""
+    workers_per_engine: int | Sequence[int] | None = 1
+    """Workers (TP x PP x DP ranks) of each engine: one number for all, one per engine, or
+    None to take each engine's ``GET /get_world_size``."""
     bucket_mb: float = 512.0
     """Target bucket size in MiB (a bucket closes once it exceeds this)."""
     dtype: str | None = None
@@ -106,7 +108,7 @@ class CollectiveSyncConfig:
                 f"pause_mode must be None or one of {PAUSE_MODES}, got {self.pause_mode!r}"
             )
         workers = self.engine_workers()
-        if len(workers) != len(self.engine_urls) or min(workers) < 1:
+        if workers is not None and (len(workers) != len(self.engine_urls) or min(workers) < 1):
             raise ValueError(
                 f"workers_per_engine must be >= 1 per engine ({len(self.engine_urls)} engines), "
                 f"got {self.workers_per_engine!r}"
@@ -114,16 +116,17 @@ class CollectiveSyncConfig:
         if self.init_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("init_timeout_s and request_timeout_s must be > 0")
 
-    def engine_workers(self) -> list[int]:
-        """Workers of each engine, in ``engine_urls`` order."""
+    def engine_workers(self) -> list[int] | None:
+        """Workers of each engine, in ``engine_urls`` order (None: asked of the engines)."""
+        if self.workers_per_engine is None:
+            return None
         if isinstance(self.workers_per_engine, int):
             return [self.workers_per_engine] * len(self.engine_urls)
         return list(self.workers_per_engine)
 
     def engine_args(self) -> list[str]:
         """vLLM server flags the engines need for this backend (none for gloo receivers)."""
-        name = BACKENDS[self.backend].engine_backend
-        return [] if name is None else ["--weight-transfer-config", json.dumps({"backend": name})]
+        return engine_args(self.backend)
 
     @property
     def bucket_bytes(self) -> int:
@@ -165,6 +168,13 @@ BACKENDS: dict[str, Backend] = {
     "gloo": Backend(None, "cpu", _gloo_group),
 }
 """The collective backends by ``CollectiveSyncConfig.backend``."""
+
+
+def engine_args(backend: str) -> list[str]:
+    """vLLM server flags an engine needs to receive weights over ``backend`` (none for gloo,
+    whose receivers join with torch)."""
+    name = BACKENDS[backend].engine_backend
+    return [] if name is None else ["--weight-transfer-config", json.dumps({"backend": name})]
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[int]:
@@ -266,6 +276,8 @@ class CollectiveWeightSync:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank = rank
         self.group: TransferGroup | None = None
+        self.workers: list[int] | None = config.engine_workers()
+        """Workers of each engine (from the engines at setup when the config leaves it out)."""
         self.versions: list[int] = []
         """Versions synced so far."""
         self._clients: list[EngineClient] = []
@@ -282,8 +294,8 @@ class CollectiveWeightSync:
             await client.close()
         self._clients = []
 
-    def _open_group(self) -> TransferGroup:
-        world = 1 + sum(self.config.engine_workers())
+    def _open_group(self, workers: list[int]) -> TransferGroup:
+        world = 1 + sum(workers)
         return BACKENDS[self.config.backend].open_group(self.config, world)
 
     def _no_api(self, client: EngineClient, route: str) -> WeightSyncError:
@@ -293,10 +305,12 @@ class CollectiveWeightSync:
             f"with {flags} and VLLM_SERVER_DEV_MODE=1"
         )
 
-    async def _check_world_sizes(self) -> None:
-        """Each engine's workers (``GET /get_world_size``, TP x PP x DP) must match the config."""
+    async def _engine_workers(self) -> list[int]:
+        """Each engine's workers (``GET /get_world_size``, TP x PP x DP); they must match
+        the config's counts where it gives them."""
+        want = self.config.engine_workers()
 
-        async def one(client: EngineClient, want: int) -> None:
+        async def one(client: EngineClient, want: int | None) -> int:
             try:
                 reply = await client._call("GET", "/get_world_size?include_dp=true")
             except EngineRequestError as exc:
@@ -306,14 +320,21 @@ class CollectiveWeightSync:
             except EngineError as exc:
                 raise WeightSyncError(f"engine {client.url}: get_world_size failed: {exc}") from exc
             got = reply.get("world_size") if isinstance(reply, dict) else None
+            if want is None:
+                if isinstance(got, int) and got >= 1:
+                    return got
+                raise WeightSyncError(f"engine {client.url} runs {got!r} workers (TP x PP x DP)")
             if got != want:
                 raise WeightSyncError(
                     f"engine {client.url} runs {got} workers (TP x PP x DP) but "
                     f"workers_per_engine gives it {want}: the group's world size would be wrong"
                 )
+            return want
 
-        workers = self.config.engine_workers()
-        await asyncio.gather(*(one(c, w) for c, w in zip(self._clients, workers, strict=True)))
+        wants: list[int | None] = list(want) if want else [None] * len(self._clients)
+        return list(
+            await asyncio.gather(*(one(c, w) for c, w in zip(self._clients, wants, strict=True)))
+        )
 
     async def _init_engine(self, client: EngineClient, info: dict[str, Any]) -> None:
         try:
@@ -338,17 +359,18 @@ class CollectiveWeightSync:
             finally:
                 await self._disconnect()
             return
-        if self.config.check_world_size:
-            await self._check_world_sizes()
+        if self.workers is None or self.config.check_world_size:
+            self.workers = await self._engine_workers()
+        workers = self.workers
         try:
-            group = self._open_group()
+            group = self._open_group(workers)
         except (RuntimeError, ValueError) as exc:
             raise WeightSyncError(f"{self.config.backend} transfer group: {exc}") from exc
         base = group.init_info()
         offsets, offset = [], 1
-        for workers in self.config.engine_workers():
+        for count in workers:
             offsets.append(offset)
-            offset += workers
+            offset += count
         inits = [
             self._init_engine(
                 client,
