@@ -486,3 +486,44 @@ async def test_samples_that_cannot_record_a_version_are_rejected(tiny_folder: Pa
     )
     with pytest.raises(TypeError, match="cannot record weight_version on a SlottedSample"):
         await loop.run(1)
+
+
+async def test_a_managers_metrics_of_each_group_are_joined_into_its_step(tiny_folder: Path) -> None:
+    """The asynchronous loop generates one group per call: the metrics a rollout manager
+    returns with each call (``Rollout.metrics``) reach the step that trains the group,
+    counts added, seconds and flags the largest of the step's groups."""
+    from turnrl.grpo_core.loop.rollout_manager import Rollout
+
+    engine = DelayedEngine(0.01)
+    calls: dict[str, dict[str, float]] = {}  # by group id (the prompt)
+
+    async def generate(prompts: list[list[int]], n: int) -> Rollout:
+        index = len(calls)
+        metrics = {
+            "rollout/groups_kept": 1.0,
+            "rollout/episode_retries": float(index % 2),
+            "rollout/manager_s": 0.1 * (index % 3),
+            "rollout/filter_exhausted": float(index == 1),
+        }
+        calls[str(prompts[0])] = metrics
+        return Rollout(await engine.generate(prompts, n), metrics)
+
+    loop = RecordingLoop(
+        make_config(1, steps=3),
+        make_trainer(tiny_folder),
+        PROMPTS,
+        generate,
+        even_reward,
+        weight_sync=VersionSync(engine),
+        pad_id=0,
+    )
+    await loop.run()
+    assert len(calls) >= 6  # 8 prompts: no group id repeats
+    for (_, samples), metrics in zip(loop.trained, loop.history, strict=True):
+        mine = [calls[g] for g in {s.group_id for s in samples}]
+        assert len(mine) == 2 and metrics["rollout/groups_kept"] == 2.0
+        assert metrics["rollout/episode_retries"] == sum(m["rollout/episode_retries"] for m in mine)
+        assert metrics["rollout/manager_s"] == max(m["rollout/manager_s"] for m in mine)
+        assert metrics["rollout/filter_exhausted"] == max(
+            m["rollout/filter_exhausted"] for m in mine
+        )

@@ -39,6 +39,7 @@ from typing import Any
 
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import GenerateFn, GRPOLoop, MetricsFn, RewardFn
+from turnrl.grpo_core.loop.rollout_manager import Rollout
 
 AbortFn = Callable[[list[Any]], Awaitable[None]]
 """``(prompts)`` of groups the loop cancelled: stop their engine requests (e.g. the
@@ -144,7 +145,8 @@ class AsyncGRPOLoop(GRPOLoop):
         return self.history
 
     async def _take_batch(self) -> tuple[list[Any], float]:
-        """Wait for the first ``rollout_batch_size`` finished groups of this step."""
+        """Wait for the first ``rollout_batch_size`` finished groups of this step; their
+        samples in one :class:`Rollout` (the generate hook's metrics of each, joined)."""
         assert self._wakeup is not None
         want = self.config.rollout_batch_size
         await self._drop_stale()
@@ -165,7 +167,7 @@ class AsyncGRPOLoop(GRPOLoop):
         self._launch()  # the capacity freed by this step's groups goes to step + 1 and on
         lags = [step - s.weight_version for g in groups for s in g.samples]
         assert max(lags) <= self.config.max_off_policy_steps, lags
-        samples = [s for g in groups for s in g.samples]
+        samples = Rollout.joined([g.samples for g in groups])  # a manager's metrics, summed
         done = time.perf_counter()
         self._pretrained = {
             "rollout/off_policy_steps_mean": sum(lags) / len(lags),

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,21 @@ class Rollout(list[Any]):
     def __init__(self, samples: list[Any], metrics: dict[str, float]) -> None:
         super().__init__(samples)
         self.metrics = metrics
+
+    @classmethod
+    def joined(cls, parts: Sequence[list[Any]]) -> Rollout:
+        """Several calls' samples as one rollout (the asynchronous loop's step, one call per
+        group): counts added, seconds and flags (``..._s``, ``filter_exhausted``) the largest."""
+        metrics: dict[str, float] = {}
+        for part in parts:
+            for key, value in getattr(part, "metrics", {}).items():
+                largest = key.endswith("_s") or key.endswith("filter_exhausted")
+                metrics[key] = (
+                    max(metrics.get(key, value), value)
+                    if largest
+                    else metrics.get(key, 0.0) + value
+                )
+        return cls([s for part in parts for s in part], metrics)
 
 
 class EpisodeFailedError(RuntimeError):
