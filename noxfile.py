@@ -19,7 +19,7 @@ nox.options.sessions = [
     "lint",
     "typecheck",
     "deps",
-    "tests",
+    "tests-3.11",
     "wheel",
     "apps",
     "megatron",
@@ -136,10 +136,12 @@ def tests(session: nox.Session, package: str) -> None:
     )
 
 
-@nox.session(python="3.11", tags=["wheel"])
+@nox.session(python=PYTHONS[-1], tags=["wheel"])
 @nox.parametrize("package", PACKAGES)
 def wheel(session: nox.Session, package: str) -> None:
-    """Build every package as a wheel; test this one installed alone from its wheel.
+    """Build every package as a wheel; test this one installed alone from its wheel, on the
+    matrix's other Python (CI runs ``tests`` on the first one: every package's tests on
+    both Pythons, from source and from its wheel, without running the same tests twice).
 
     Only the package's declared dependencies are installed (siblings from the built wheels),
     so an import of an undeclared sibling fails here even though the workspace hides it.
