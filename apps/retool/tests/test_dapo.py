@@ -54,27 +54,26 @@ def test_filter_values_and_step_stats() -> None:
     samples = [episode("a", True), episode("a", False), episode("b", False), episode("b", False)]
     samples[3].reward = -0.8  # same accuracy, a different tool-use reward
     assert [filter_value("acc")(s) for s in samples] == [1.0, 0.0, 0.0, 0.0]
-    by_acc, by_reward = StepStats("acc"), StepStats("reward")
-    for stats in (by_acc, by_reward):
-        stats.add(samples[:2])
-        stats.add(samples[2:])
-    assert by_acc.take()["rollout/groups_uniform"] == 1.0
-    taken = by_reward.take()
-    assert taken["rollout/groups_varied"] == 2.0 and taken["rollout/acc_mean_all"] == 0.25
+    assert [filter_value("reward")(s) for s in samples] == [1.0, -0.9, -0.9, -0.8]
+    stats = StepStats()
+    stats.add(samples[:2])
+    stats.add(samples[2:])
+    taken = stats.take()
+    assert taken["rollout/acc_mean_all"] == 0.25
     assert taken["rollout/reward_mean_all"] == pytest.approx((1.0 - 0.9 - 0.9 - 0.8) / 4)
-    assert by_reward.take()["rollout/groups_varied"] == 0.0  # each step counts afresh
+    assert stats.take()["rollout/acc_mean_all"] == 0.0  # each step counts afresh
     with pytest.raises(ValueError, match="filter metric"):
         filter_value("score")
 
 
 async def test_the_group_reward_shapes_sets_and_counts() -> None:
     rl = RLStageConfig(max_response_length=100, overlong_buffer_len=20)
-    stats = StepStats("reward")
+    stats = StepStats()
     group = [episode("g", True, model_tokens=130), episode("g", True)]
     assert await group_reward(rl, stats)(group) == pytest.approx([0.0, 1.0])
     assert [s.reward for s in group] == pytest.approx([0.0, 1.0])  # what the filter sees
     taken = stats.take()
-    assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/groups_varied"] == 1.0
+    assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/reward_mean_all"] == 0.5
 
 
 def test_step_lines_say_what_the_filter_did() -> None:

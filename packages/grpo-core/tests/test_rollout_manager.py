@@ -142,9 +142,13 @@ async def test_groups_in_prompt_order_with_rewards_set(router: Router):
     m = manager.metrics
     assert m["rollout/groups_kept"] == 3 and m["rollout/groups_submitted"] == 3
     assert m["rollout/episode_retries"] == 0 and m["rollout/aborted_episodes"] == 0
+    assert m["rollout/groups_uniform"] == 0  # every group's rewards vary
     assert isinstance(samples, Rollout) and samples.metrics == m  # what the loop logs
     second = await manager.generate([10], 2)  # group ids stay unique across steps
     assert not {s.group_id for s in second} & {s.group_id for s in samples}
+    manager.reward = varying_when(lambda p: False)  # no filter: uniform groups counted, kept
+    await manager.generate([10, 20], 2)
+    assert manager.metrics["rollout/groups_uniform"] == manager.metrics["rollout/groups_kept"] == 2
 
 
 async def test_concurrency_bound_counts_in_flight_on_the_engines(engines, router: Router):
@@ -210,6 +214,7 @@ async def test_dynamic_filter_oversamples_to_exactly_the_target(router: Router):
     m = manager.metrics
     assert m["rollout/groups_kept"] == 3
     assert m["rollout/groups_filtered"] >= 3  # 1, 2 and the non-multiples of 3 drawn
+    assert m["rollout/groups_uniform"] == m["rollout/groups_filtered"]
     assert m["rollout/sampling_rounds"] >= 2
     assert (
         m["rollout/groups_generated"]

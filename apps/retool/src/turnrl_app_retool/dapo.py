@@ -16,7 +16,8 @@ Both are DAPO's (and verl's ``recipe/dapo``) and both are switched by the RL con
   unlucky batch, so here the step trains on the groups that vary (the first groups when
   none does) and logs ``rollout/filter_exhausted = 1``.
 
-:class:`StepStats` counts every generated group of a step, the filtered ones included.
+:class:`StepStats` counts every generated sample of a step, the filtered groups' included
+(the manager counts the groups: ``rollout/groups_uniform``, ``groups_filtered``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def shaped_rewards(samples: Sequence[Any], config: OverlongConfig | None) -> lis
 
 def group_reward(rl: RLStageConfig, stats: StepStats) -> Callable[[list[Any]], Any]:
     """The manager's group reward: ReTool's (set by the episode) plus the overlong penalty,
-    each group counted in ``stats``."""
+    each group's samples counted in ``stats``."""
     overlong = overlong_config(rl)
 
     async def reward(group: list[Any]) -> list[float]:
@@ -84,23 +85,19 @@ def filter_value(metric: str) -> Callable[[Any], float]:
 
 
 class StepStats:
-    """Every scored group of a step, the ones the filter drops included: groups with and
-    without variation in the filter's value, accuracy, reward and overlong fraction."""
+    """Every scored sample of a step, those of groups the filter drops included: accuracy,
+    reward and overlong fraction."""
 
-    def __init__(self, metric: str) -> None:
-        self.value = filter_value(metric)
+    def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
-        self.groups = self.varied = self.overlong = 0
+        self.overlong = 0
         self.correct: list[float] = []
         self.rewards: list[float] = []
 
     def add(self, group: Sequence[Any]) -> None:
-        """Count one group, its samples' rewards set."""
-        values = [self.value(s) for s in group]
-        self.groups += 1
-        self.varied += len(values) > 1 and max(values) > min(values)
+        """Count one group's samples, their rewards set."""
         self.correct += [float(s.reward_breakdown.get("correct", 0.0)) for s in group]
         self.rewards += [float(s.reward) for s in group]
         self.overlong += sum(s.reward_breakdown.get("overlong", 0.0) < 0 for s in group)
@@ -109,8 +106,6 @@ class StepStats:
         """The step's scalars; the count starts again for the next step."""
         n = max(1, len(self.rewards))
         out = {
-            "rollout/groups_varied": float(self.varied),
-            "rollout/groups_uniform": float(self.groups - self.varied),
             "rollout/acc_mean_all": sum(self.correct) / n,
             "rollout/reward_mean_all": sum(self.rewards) / n,
             "rollout/overlong_frac": self.overlong / n,

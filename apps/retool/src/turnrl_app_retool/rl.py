@@ -155,7 +155,7 @@ async def run_rl_stage(
             sampling=replace(settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p),
         ),
     )
-    stats = StepStats(rl.filter_metric)
+    stats = StepStats()
 
     async def episode(task: MathTask, index: int, group: str, session: str) -> Any:
         return await run_task(router, rl_settings, task, group, index, session)

@@ -190,6 +190,8 @@ class _Run:
     """Groups the filter dropped (returned only when it is exhausted and kept none)."""
     rounds: int = 0
     judged: int = 0
+    uniform: int = 0
+    """Judged groups whose filter value is the same for every sample (zero advantage)."""
     filtered: int = 0
     retries: int = 0
     aborted: int = 0
@@ -339,7 +341,9 @@ class RolloutManager:
     def _judge(self, run: _Run, group: _Group, samples: list[Any]) -> None:
         run.judged += 1
         values = [self.filter_value(s) for s in samples]
-        if self.config.dynamic_filter and max(values) - min(values) <= 0.0:
+        uniform = max(values) - min(values) <= 0.0
+        run.uniform += uniform
+        if self.config.dynamic_filter and uniform:
             run.filtered += 1
             if self.config.train_when_exhausted and len(run.dropped) < run.target:
                 run.dropped.append((group, samples))
@@ -443,6 +447,7 @@ class RolloutManager:
             "rollout/groups_submitted": float(len(run.groups)),
             "rollout/groups_generated": float(run.judged),
             "rollout/groups_kept": float(kept),
+            "rollout/groups_uniform": float(run.uniform),
             "rollout/groups_filtered": float(run.filtered),
             "rollout/groups_surplus": float(len(run.kept) - kept),
             "rollout/groups_leftover": float(run.leftover_groups),
