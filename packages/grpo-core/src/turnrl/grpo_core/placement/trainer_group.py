@@ -360,8 +360,10 @@ def group_weight_sync(
     """The weight sync of a Ray run (:mod:`~turnrl.grpo_core.weight_sync.choose`): a
     collective from the ranks on GPUs / NPUs whose engines have devices of their own, else
     disk under ``sync_root``."""
-    device = {"GPU": "cuda", "NPU": "npu", "CPU": "cpu"}[resolve_accelerator(placement.accelerator)]
-    backend = collective_backend(device, placement.colocate)
+    # Ray's GPU / NPU / CPU read as npu-runtime's device names (resolve_device: gpu = cuda).
+    backend = collective_backend(
+        resolve_accelerator(placement.accelerator).lower(), placement.colocate
+    )
     if backend is None:
         return DiskWeightSync(list(urls), sync_root, keep_last=keep_last)
     config = CollectiveSyncConfig(engine_urls=list(urls), backend=backend, workers_per_engine=None)
