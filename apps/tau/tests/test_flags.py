@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 from turnrl_app_tau import cli
-from turnrl_app_tau.cli import _APP_FLAGS, _ARCH_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
-from turnrl_app_tau.main import NOT_HONOURED, PLACED_BY_RAY, check_supported, not_honoured
+from turnrl_app_tau.cli import _APP_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
+from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
 
-KIND_OF = {dotted: kind for _, dotted, kind in _SCRIPT_FLAGS} | {
+from turnrl.grpo_core.recipe.schema import ARCH_FLAGS, PLACED_BY_RAY, SCHEMA_FLAGS
+
+KIND_OF = {dotted: kind for _, dotted, kind in [*SCHEMA_FLAGS, *_SCRIPT_FLAGS]} | {
     dotted: kind for _, dotted, kind, _ in _APP_FLAGS
 }
 
@@ -58,7 +60,7 @@ def test_every_flag_is_read_by_the_app_or_refused() -> None:
         if d not in NOT_HONOURED and d.split(".")[-1] not in read and d != "run_dir"
     )
     assert not silent, f"flags that set a field nothing reads and nothing refuses: {silent}"
-    assert {f"--{k.lstrip('-')}" for k, _ in _ARCH_FLAGS}  # the arch flags all land in model.arch
+    assert {f"--{k.lstrip('-')}" for k, _ in ARCH_FLAGS}  # the arch flags all land in model.arch
     assert set(NOT_HONOURED) <= fields
 
 
@@ -98,7 +100,7 @@ def test_the_memory_margin_reaches_the_trainer_and_is_refused_on_the_cpu() -> No
 
 
 def test_use_flash_attn_is_the_flash_backend_and_auto_is_local_without_te() -> None:
-    from turnrl_app_tau.training import attention_backend
+    from turnrl.grpo_core.recipe.schema import attention_backend
 
     def backend(*words: str) -> str:
         return attention_backend(resolve(list(words), {}).config.parallel)
@@ -232,7 +234,7 @@ def test_sequence_parallel_reaches_the_megatron_engine_on_the_cpu() -> None:
 def test_a_layout_the_model_cannot_split_is_refused_before_training(tmp_path: Path) -> None:
     """The model's config.json is read at start: TP 4 on a model with 2 KV heads stops the
     run naming the flag; TP 2 passes; the torch backend does not look."""
-    from turnrl_app_tau.main import check_model_split
+    from turnrl.grpo_core.recipe.schema import check_model_split
 
     shape = {
         "model_type": "qwen3",
@@ -293,8 +295,7 @@ def test_load_naming_the_start_folder_acts_and_another_is_refused() -> None:
 def test_megatron_architecture_flags_must_match_the_model(tmp_path: Path) -> None:
     """The script's model flags act under the megatron backend as a check of the model the
     bridge reads: the tiny Qwen3's own values pass, another layer count stops the run."""
-    from turnrl_app_tau.main import check_model_split
-
+    from turnrl.grpo_core.recipe.schema import check_model_split
     from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
     model = build_tiny_model(tmp_path / "m", TinyModelConfig(num_hidden_layers=2))

@@ -24,22 +24,12 @@ from turnrl.grpo_core.recipe.flags import (
     comma_list,
     resolve_fields,
 )
+from turnrl.grpo_core.recipe.schema import SCHEMA_FLAG_OF, SCHEMA_FLAGS, add_schema_flags
 from turnrl_app_tau.config import PRESET_DIR, TauAppConfig, from_dict, preset
 
-# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The script's
-# switches are BOOL here: --x as in the script, and --no-x to turn off what a preset turns on.
+# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags; the script's
+# flags of the model, cluster and parallelism sections are grpo-core's SCHEMA_FLAGS.
 _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
-    ("--train-backend", "parallel.train_backend", str),
-    ("--actor-num-nodes", "cluster.actor_num_nodes", int),
-    ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
-    ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
-    ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
-    ("--colocate", "cluster.colocate", BOOL),
-    ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
-    ("--hf-checkpoint", "model.hf_checkpoint", str),
-    ("--ref-load", "model.ref_load", str),
-    ("--load", "model.load", str),
-    ("--megatron-to-hf-mode", "model.megatron_to_hf_mode", str),
     ("--custom-generate-function-path", "rollout.custom_generate_function_path", str),
     ("--custom-rm-path", "rollout.custom_rm_path", str),
     ("--prompt-data", "tau.prompt_data", str),
@@ -54,59 +44,20 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--rollout-max-response-len", "rollout.rollout_max_response_len", int),
     ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
     ("--rollout-temperature", "rollout.rollout_temperature", float),
-    ("--seq-length", "parallel.seq_length", int),
     ("--use-kl-loss", "loss.use_kl_loss", BOOL),
     ("--kl-loss-coef", "loss.kl_loss_coef", float),
     ("--kl-loss-type", "loss.kl_loss_type", str),
     ("--entropy-coef", "loss.entropy_coef", float),
     ("--eps-clip", "loss.eps_clip", float),
     ("--eps-clip-high", "loss.eps_clip_high", float),
-    ("--optimizer", "parallel.optimizer_name", str),
     ("--lr", "optimizer.lr", float),
-    ("--lr-decay-style", "parallel.lr_decay_style", str),
     ("--weight-decay", "optimizer.weight_decay", float),
     ("--adam-beta1", "optimizer.adam_beta1", float),
     ("--adam-beta2", "optimizer.adam_beta2", float),
-    ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
-    ("--sequence-parallel", "parallel.sequence_parallel", BOOL),
-    ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
-    ("--context-parallel-size", "parallel.context_parallel_size", int),
-    ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
-    ("--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", int),
-    ("--recompute-granularity", "parallel.recompute_granularity", str),
-    ("--recompute-method", "parallel.recompute_method", str),
-    ("--recompute-num-layers", "parallel.recompute_num_layers", int),
-    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", BOOL),
-    ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
     ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
     ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
     ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", BOOL),
     ("--vllm-max-model-len", "rollout.vllm_max_model_len", int),
-    ("--attention-dropout", "parallel.attention_dropout", float),
-    ("--hidden-dropout", "parallel.hidden_dropout", float),
-    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", BOOL),
-    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
-    ("--attention-backend", "parallel.attention_backend", str),
-    ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
-]
-# Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch.
-_ARCH_FLAGS: list[tuple[str, Any]] = [
-    ("--num-layers", int),
-    ("--hidden-size", int),
-    ("--ffn-hidden-size", int),
-    ("--num-attention-heads", int),
-    ("--num-query-groups", int),
-    ("--kv-channels", int),
-    ("--vocab-size", int),
-    ("--rotary-base", float),
-    ("--norm-epsilon", float),
-    ("--normalization", str),
-    ("--swiglu", ON),
-    ("--group-query-attention", ON),
-    ("--use-rotary-position-embeddings", ON),
-    ("--disable-bias-linear", ON),
-    ("--qk-layernorm", ON),
-    ("--untie-embeddings-and-output-weights", ON),
 ]
 
 
@@ -119,14 +70,6 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
         comma_list,
         "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
     ),
-    ("--device", "cluster.device", str, "cpu, gpu or npu"),
-    (
-        "--runner",
-        "cluster.runner",
-        str,
-        "local (one process) or ray (trainer ranks and engines on Ray)",
-    ),
-    ("--micro-batch-size", "parallel.micro_batch_size", int, "sequences per micro-batch"),
     (
         "--async",
         "loop.asynchronous",
@@ -193,15 +136,6 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
         comma_list,
         "synthetic task kinds, comma-separated (status,cancel,address,return,exchange)",
     ),
-    ("--tiny-hidden-size", "model.tiny_hidden_size", int, "tiny model: residual width"),
-    ("--tiny-num-layers", "model.tiny_num_layers", int, "tiny model: decoder layers"),
-    ("--torch-threads", "model.torch_threads", int, "trainer CPU threads (0: torch's default)"),
-    (
-        "--dtype",
-        "model.dtype",
-        str,
-        "training compute dtype: float32, or bfloat16 (autocast over fp32 weights)",
-    ),
     ("--num-trials", "tau.eval_trials", int, "trials per evaluation task (pass^k up to this k)"),
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
@@ -233,9 +167,15 @@ _ENV_VARS: list[tuple[str, str, Any]] = [
     ("TAU_USER_LITELLM_RETRIES", "tau.user_retries", int),
     ("TAU_USER_LITELLM_RETRY_DELAY", "tau.user_retry_delay", float),
 ]
-SCRIPT_FLAGS: tuple[str, ...] = tuple(f for f, _, _ in _SCRIPT_FLAGS)
+_NOT_IN_SCRIPT = ("--device", "--runner", "--dtype", "--torch-threads", "--micro-batch-size")
+SCRIPT_FLAGS: tuple[str, ...] = tuple(
+    f
+    for f, _, _ in [*_SCRIPT_FLAGS, *SCHEMA_FLAGS]
+    if not f.startswith(("--tiny-", *_NOT_IN_SCRIPT))
+)
 """Every flag of the vime tau-bench NPU script (model-architecture flags aside)."""
 FLAG_OF: dict[str, str] = {
+    **SCHEMA_FLAG_OF,
     **{dotted: flag for flag, dotted, _, _ in _APP_FLAGS},
     **{dotted: flag for flag, dotted, _ in _SCRIPT_FLAGS},
 }
@@ -262,10 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser.add_argument_group("app"), _APP_FLAGS)
     script = parser.add_argument_group("slime/vime flags (same names and meaning)")
     add_flags(script, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _SCRIPT_FLAGS])
-    arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
-    for flag, kind in _ARCH_FLAGS:
-        key = flag.lstrip("-").replace("-", "_")
-        add_flags(arch, [(flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")])
+    add_schema_flags(parser)
     return parser
 
 

