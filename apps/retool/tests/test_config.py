@@ -27,25 +27,30 @@ def test_real_scale_presets_follow_the_recipe() -> None:
         assert c.rl.loss_agg_mode == "token-mean" and c.rl.max_turns == 16
         assert (c.eval.n, c.eval.temperature, c.eval.top_p) == (30, 1.0, 0.6)
         assert c.rl.max_prompt_length == 2048
-        e = c.engine  # verl's layout: 8 trainer ranks, the engines on the same cards
+        e = c.cluster  # verl's layout: 8 trainer ranks, the engines on the same cards
         assert (e.runner, e.trainer_ranks, e.colocate) == ("ray", 8, True)
-        assert e.num_engines * e.tensor_parallel_size == 8
+        assert e.num_engines * e.rollout_num_gpus_per_engine == 8
+        assert c.parallel.micro_batch_size == 4 and c.engine.gpu_memory_utilization == 0.9
     assert (
-        npu4b.model.hf_checkpoint == "Qwen/Qwen3-4B-Instruct-2507" and npu4b.engine.device == "npu"
+        npu4b.model.hf_checkpoint == "Qwen/Qwen3-4B-Instruct-2507" and npu4b.cluster.device == "npu"
     )
-    assert npu4b.sft.enabled and npu4b.sft.lr == 1e-5 and npu4b.sft.max_length == 16384
+    assert npu4b.sft.enabled and npu4b.sft.lr == 1e-5 and npu4b.parallel.seq_length == 16384
     assert npu4b.env["VLLM_ASCEND_ENABLE_NZ"] == "0"
     assert "aime_2025" in npu4b.data.val_paths[0]
     assert npu7b.model.hf_checkpoint == "Qwen/Qwen2.5-7B-Instruct" and not npu7b.sft.enabled
     assert npu7b.rl.rollout_batch_size == 32 and npu7b.rl.max_response_length == 20480
     assert "AIME_2024" in npu7b.data.val_paths[0]
-    assert gpu.engine.device == "gpu" and gpu.engine.tensor_parallel_size == 4 and not gpu.env
+    assert gpu.cluster.device == "gpu" and gpu.cluster.rollout_num_gpus_per_engine == 4
+    assert gpu.cluster.num_engines == 2 and not gpu.env
 
 
 def test_default_and_smoke() -> None:
     config, _ = resolve([])
     assert config.preset == "cpu-default" and config.sandbox.url is None
-    assert config.model.hf_checkpoint is None and config.engine.device == "cpu"
+    assert config.model.hf_checkpoint is None and config.cluster.device == "cpu"
+    # The app's own section defaults hold under a preset that sets part of the section.
+    assert (config.model.tiny_hidden_size, config.model.torch_threads) == (128, 1)
+    assert (config.parallel.micro_batch_size, config.parallel.seq_length) == (16, 1024)
     smoke, _ = resolve(["--smoke"])
     assert smoke.preset == "smoke"
     assert smoke.rl.num_rollout < config.rl.num_rollout
@@ -106,25 +111,13 @@ def test_presets_are_fresh_objects() -> None:
         (["--preset", "nope"], "invalid choice"),
         (["--num-rollout", "many"], "invalid int"),
         (["--runner", "slurm"], "local or ray"),
-        (["--runner", "local", "--trainer-ranks", "2"], "need --runner ray"),
-        (["--runner", "local", "--colocate"], "need --runner ray"),
-        (["--trainer-ranks", "0"], ">= 1"),
+        (["--runner", "local", "--actor-num-gpus-per-node", "2"], "--runner ray places"),
+        (["--runner", "local", "--colocate"], "--runner ray places"),
+        (["--use-dynamic-batch-size"], "dynamic batching needs both"),
+        (["--optimizer", "sgd"], "AdamW (adam) is the only optimizer"),
+        (["--actor-num-gpus-per-node", "0"], ">= 1"),
         (["--eval-interval", "-1"], "--eval-interval must be >= 0"),
-        (["--colocate", "--num-engines", "2"], "do not fit on 1 rank"),
-        (
-            [
-                "--preset",
-                "qwen3-4b-gpu",
-                "--hf-checkpoint",
-                "m",
-                "--runner",
-                "local",
-                "--trainer-ranks",
-                "1",
-                "--no-colocate",
-            ],
-            "without devices of their own",
-        ),
+        (["--colocate", "--rollout-num-gpus", "2"], "do not fit on 1 rank"),
     ],
 )
 def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys) -> None:
@@ -156,11 +149,11 @@ def test_eval_interval_reaches_the_rl_stage() -> None:
 
 
 def test_placement_flags_reach_the_config() -> None:
-    config, _ = resolve(["--trainer-ranks", "2", "--num-engines", "2", "--colocate"])
-    e = config.engine
+    config, _ = resolve(["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--colocate"])
+    e = config.cluster
     assert (e.runner, e.trainer_ranks, e.num_engines, e.colocate) == ("ray", 2, 2, True)
     local, _ = resolve(["--smoke", "--runner", "local"])
-    assert local.engine.runner == "local" and resolve(["--smoke"])[0].engine.runner == "ray"
+    assert local.cluster.runner == "local" and resolve(["--smoke"])[0].cluster.runner == "ray"
 
 
 def test_logger_flag_names_the_trackers() -> None:
@@ -176,29 +169,28 @@ def test_an_unknown_tracker_is_refused_at_start(capsys: pytest.CaptureFixture[st
 
 def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     """--train-backend megatron --tensor-model-parallel-size 2 on 4 Ray ranks: the RL
-    trainer config is a MegatronEngineConfig with TP 2 (SFT stays torch). Where
+    trainer config is a MegatronEngineConfig with TP 2 and the recipe's settings. Where
     megatron-core is not installed the run is refused at start with the install line."""
     from turnrl_app_retool.rl import trainer_config
 
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
     from turnrl.grpo_core.megatron.model import megatron_available
-    from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
 
     argv = [
         "--train-backend",
         "megatron",
         "--tensor-model-parallel-size",
         "2",
-        "--trainer-ranks",
+        "--actor-num-gpus-per-node",
         "4",
     ]
     if not megatron_available():
         refused(argv, "needs megatron-core: pip install")
         return
     config, _ = resolve(argv)
-    rl = trainer_config(Path("m"), config, 1e-6, 4, config.engine.train_backend)
+    rl = trainer_config(Path("m"), config)
     assert isinstance(rl, MegatronEngineConfig) and rl.parallel.tensor_model_parallel_size == 2
-    assert type(trainer_config(Path("m"), config, 1e-5, 4)) is TorchEngineConfig  # SFT
+    assert rl.optimizer.lr == config.rl.lr and rl.top_p == config.rl.top_p
 
 
 @pytest.mark.parametrize(
@@ -212,7 +204,7 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
                 "megatron",
                 "--tensor-model-parallel-size",
                 "2",
-                "--trainer-ranks",
+                "--actor-num-gpus-per-node",
                 "3",
             ],
             "3 trainer rank(s) are not a multiple",

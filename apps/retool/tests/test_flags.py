@@ -1,4 +1,5 @@
-"""Every flag of the retool app sets a field that the app (or grpo-core) reads."""
+"""Every flag of the retool app sets a field that the app (or grpo-core) reads, or is
+refused at start."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import ast
 import dataclasses
 from pathlib import Path
 
+import pytest
 import turnrl_app_retool
-from turnrl_app_retool.cli import FLAGS, build_parser
+from turnrl_app_retool.cli import FLAG_OF, FLAGS, build_parser, resolve
 from turnrl_app_retool.config import RetoolAppConfig
+
+from turnrl.grpo_core.recipe.schema import NOT_HONOURED, SCHEMA_FLAGS
 
 
 def _attributes_read() -> set[str]:
@@ -43,14 +47,35 @@ def test_every_config_field_is_read() -> None:
             [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else []
         )
         silent += [f"{section.name}.{n}" for n in names if n not in read]
-    assert not silent, f"config fields nothing reads: {silent}"
+    silent = [dotted for dotted in silent if dotted not in NOT_HONOURED]
+    assert not silent, f"config fields nothing reads and nothing refuses: {silent}"
+
+
+@pytest.mark.parametrize("dotted", sorted(set(NOT_HONOURED) - {"model.arch"}))
+def test_a_setting_the_run_does_not_act_on_is_refused_naming_its_flag(
+    dotted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kind = {d: k for _, d, k in SCHEMA_FLAGS}[dotted]
+    value = {int: ["3"], float: ["0.25"], str: ["other"]}.get(kind, [])
+    with pytest.raises(SystemExit):
+        resolve(["--runner", "local", FLAG_OF[dotted], *value])
+    err = capsys.readouterr().err.split("error:")[-1]  # not the usage line
+    assert FLAG_OF[dotted] in err and NOT_HONOURED[dotted] in err
 
 
 def test_every_parser_option_is_a_known_flag() -> None:
     """A flag added to the parser by hand is one the tests above do not see: list them."""
-    by_hand = {
-        a.option_strings[0]
-        for a in build_parser()._actions
-        if a.option_strings and a.option_strings[0] not in {f[0] for f in FLAGS}
-    }
+    by_hand = (
+        {
+            a.option_strings[0]
+            for a in build_parser()._actions
+            if a.option_strings and a.option_strings[0] not in {f[0] for f in FLAGS}
+        }
+        - {flag for flag, _, _ in SCHEMA_FLAGS}
+        - {a.option_strings[0] for a in _arch_actions()}
+    )
     assert by_hand == {"-h", "--preset", "--smoke", "--resume", "--val-data", "--print-config"}
+
+
+def _arch_actions() -> list:
+    return [a for a in build_parser()._actions if a.dest.startswith("model.arch.")]

@@ -25,7 +25,7 @@ APP = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    args = ["--smoke", "--trainer-ranks", "2", "--num-engines", "2", "--colocate"]
+    args = ["--smoke", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--colocate"]
     args += ["--eval-interval", "1", "--run-dir", str(run_dir)]
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     proc = subprocess.run(

@@ -30,8 +30,16 @@ APP = Path(__file__).resolve().parents[1]
 def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--", sys.executable, str(APP)]
-    flags = ["--smoke", "--run-dir", str(run_dir), "--logger", "mlflow", "--trainer-ranks", "2"]
-    flags += ["--num-engines", "2", "--num-rollout", "3", "--save-interval", "1"]
+    flags = [
+        "--smoke",
+        "--run-dir",
+        str(run_dir),
+        "--logger",
+        "mlflow",
+        "--actor-num-gpus-per-node",
+        "2",
+    ]
+    flags += ["--rollout-num-gpus", "2", "--num-rollout", "3", "--save-interval", "1"]
     # Ctrl-C (one SIGINT, passed on to the app by the supervisor) once step 2's checkpoint
     # is written: the app stops its engines, sandbox and Ray and leaves nothing running
     # (the supervisor names leftovers). SIGINT starts at its default: a background job

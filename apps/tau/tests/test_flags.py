@@ -130,7 +130,7 @@ def test_placement_flags_act_on_the_ray_runner_only(dotted: str) -> None:
 
 
 def test_an_unknown_runner_is_refused() -> None:
-    with pytest.raises(ValueError, match="runner must be one of"):
+    with pytest.raises(ValueError, match="--runner must be local or ray"):
         resolve(["--runner", "slurm"], {})
 
 

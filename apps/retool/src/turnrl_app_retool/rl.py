@@ -33,14 +33,12 @@ VERL_ALIASES = {
 """turnrl loop metric -> the verl name it is also logged under."""
 
 
-def trainer_config(
-    model_path: Path, config: RetoolAppConfig, lr: float, micro: int, backend: str = "torch"
-) -> Any:
-    """The engine config of a trainer (SFT's, or each RL rank's) at learning rate ``lr``: a
-    ``TorchEngineConfig``, or a ``MegatronEngineConfig`` for ``backend`` megatron (tensor
-    parallel from ``--tensor-model-parallel-size``, data parallel over the other ranks)."""
+def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
+    """The engine config of each RL trainer rank (``turnrl.grpo_core.recipe.schema``: torch
+    FSDP2, or megatron with the parallelism flags) with the recipe's loss and learning rate."""
     from turnrl.grpo_core.algos import ActorLossConfig
-    from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
+    from turnrl.grpo_core.recipe.schema import trainer_config as shared
+    from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
     rl = config.rl
     loss = ActorLossConfig(
@@ -52,31 +50,15 @@ def trainer_config(
         entropy_coef=rl.entropy_coef,
         loss_agg_mode=rl.loss_agg_mode,  # type: ignore[arg-type]
     )
-    settings: dict[str, Any] = {
-        "model_path": str(model_path),
-        "dtype": config.model.dtype,
-        "optimizer": OptimizerConfig(lr=lr, weight_decay=0.0),
-        "loss": loss,
-        "micro_batch_size": micro,
-        "temperature": rl.temperature,
-        "top_p": rl.top_p,
-        "seed": config.seed,
-    }
-    if backend == "torch":
-        return TorchEngineConfig(**settings)
-    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
-    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-
-    tp = config.engine.train_tensor_parallel_size
-    parallel = MegatronParallelConfig(tensor_model_parallel_size=tp)
-    return MegatronEngineConfig(**settings, parallel=parallel)
-
-
-def make_trainer(model_path: Path, config: RetoolAppConfig, lr: float, micro: int) -> Any:
-    """A TorchEngine in this process (SFT, and RL on the local runner)."""
-    from turnrl.grpo_core.training.torch_engine import TorchEngine
-
-    return TorchEngine(trainer_config(model_path, config, lr, micro))
+    optimizer = OptimizerConfig(lr=rl.lr, weight_decay=0.0)
+    return shared(
+        config,
+        model_path,
+        optimizer=optimizer,
+        loss=loss,
+        temperature=rl.temperature,
+        top_p=rl.top_p,
+    )
 
 
 def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:
@@ -132,7 +114,7 @@ async def run_rl_stage(
     from turnrl.grpo_core.recipe.driver import RLStage
 
     config, console = run.config, run.console
-    rl = config.rl
+    rl, p = config.rl, config.parallel
     loop_config = LoopConfig(
         num_rollout=rl.num_rollout,
         rollout_batch_size=rl.rollout_batch_size,
@@ -143,11 +125,15 @@ async def run_rl_stage(
         eval_interval=rl.eval_interval,
         save_interval=rl.save_interval,
         seed=config.seed,
+        max_tokens_per_micro_batch=p.max_tokens_per_gpu if p.use_dynamic_batch_size else None,
     )
     reference = None
-    if rl.use_kl_loss:  # the frozen SFT policy
-        reference = {"model_path": policy, "micro_batch_size": rl.micro_batch_size}
-        reference["temperature"] = rl.temperature
+    if rl.use_kl_loss:  # --ref-load, or the frozen SFT policy
+        reference = {
+            "model_path": config.model.ref_load or policy,
+            "micro_batch_size": p.micro_batch_size,
+            "temperature": rl.temperature,
+        }
     rl_settings = replace(
         settings,
         rollout=replace(
@@ -187,9 +173,7 @@ async def run_rl_stage(
         console.print(step_line(step, metrics, rl.dynamic_sampling))
 
     stage = RLStage(console, rl.num_rollout, on_metrics)
-    trainer = trainer_config(
-        policy, config, rl.lr, rl.micro_batch_size, config.engine.train_backend
-    )
+    trainer = trainer_config(policy, config)
     if job is not None:  # off the event loop: the router's connections stay served
         await asyncio.to_thread(job.start_trainers, trainer)
     loop = build_loop(

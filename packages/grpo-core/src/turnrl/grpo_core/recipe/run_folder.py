@@ -9,6 +9,7 @@ into the first's and overwrite its summary); ``--resume`` continues such a folde
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -67,25 +68,27 @@ def read_run_config(run_dir: str | Path | None) -> dict[str, Any]:
     return data
 
 
-def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Rebuild the dataclass ``cls`` from its ``dataclasses.asdict`` output: a field whose
-    default is a dataclass (a config section) is rebuilt from its dict the same way.
+def config_from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
+    """Rebuild the dataclass ``cls`` from its ``dataclasses.asdict`` output, or from part of
+    it: a key left out keeps its value in ``base`` (default ``cls()``), and a field whose
+    value is a dataclass (a config section) is rebuilt from its dict the same way, over the
+    section ``base`` holds (so an app's own section defaults survive a partial preset).
 
     Raises:
         ValueError: a key ``cls`` or one of its sections does not have, or a section that
             is not an object.
     """
-    defaults = cls()
+    defaults = copy.deepcopy(base) if base is not None else cls()
     names = {f.name for f in dataclasses.fields(defaults)}  # type: ignore[arg-type]
     if unknown := sorted(set(data) - names):
         raise ValueError(f"unknown config keys in {cls.__name__}: {unknown}")
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {name: getattr(defaults, name) for name in names}
     for key, value in data.items():
         section = getattr(defaults, key)
         if dataclasses.is_dataclass(section):
             if not isinstance(value, dict):
                 raise ValueError(f"config section {key!r} must be an object, got {value!r}")
-            value = config_from_dict(type(section), value)
+            value = config_from_dict(type(section), value, section)
         kwargs[key] = value
     return cls(**kwargs)
 

@@ -85,9 +85,9 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
-            raise ValueError(f"--runner must be one of {RUNNERS}, got {self.runner!r}")
+            raise ValueError(f"--runner must be local or ray, got {self.runner!r}")
         if self.device not in DEVICES:
-            raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
+            raise ValueError(f"--device must be cpu, gpu or npu, got {self.device!r}")
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
