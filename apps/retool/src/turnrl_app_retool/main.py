@@ -26,7 +26,7 @@ from rich.table import Table
 
 from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
-from turnrl.grpo_core.recipe.schema import check_model_split
+from turnrl.grpo_core.recipe.schema import check_model_split, sft_trainer
 from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl.tool_envs.math_synth import (
     DATA_SOURCE,
@@ -125,11 +125,6 @@ def run_sft_stage(
     from turnrl.grpo_core.recipe.sft import SFTPhase
     from turnrl.grpo_core.recipe.sft import run_sft_stage as train
     from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
-    from turnrl.grpo_core.training.torch_engine import (
-        OptimizerConfig,
-        TorchEngine,
-        TorchEngineConfig,
-    )
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
     sft = config.sft
@@ -138,15 +133,7 @@ def run_sft_stage(
     length = config.parallel.seq_length
     examples = [build_sft_example(tok, chat, tools, length) for chat in datasets.sft_chats]
     probe = [build_sft_example(tok, chat, tools, length) for chat in datasets.probe_chats]
-    trainer = TorchEngine(  # SFT runs torch whatever the RL backend
-        TorchEngineConfig(
-            model_path=str(base),
-            dtype=config.model.dtype,
-            optimizer=OptimizerConfig(lr=sft.lr, weight_decay=0.0),
-            micro_batch_size=sft.micro_batch_size,
-            seed=config.seed,
-        )
-    )
+    trainer = sft_trainer(config, base, sft.lr, sft.micro_batch_size)
     result = train(
         trainer,
         [SFTPhase(sft.num_steps, examples, sft.global_batch_size)],

@@ -24,7 +24,7 @@ from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe import SFTPhase, run_sft_stage, schema
 from turnrl.grpo_core.recipe.model import starting_model
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
 from turnrl.tool_envs.tau.gold import TaskUser
@@ -108,15 +108,7 @@ def sft_warm_up(
         for messages in conversations
         if t.sft_prefix_steps
     ]
-    engine = TorchEngine(
-        TorchEngineConfig(
-            model_path=str(base),
-            dtype=config.model.dtype,  # type: ignore[arg-type]
-            optimizer=OptimizerConfig(lr=t.sft_lr, weight_decay=0.0),
-            micro_batch_size=config.parallel.micro_batch_size,
-            seed=config.seed,
-        )
-    )
+    engine = schema.sft_trainer(config, base, t.sft_lr, config.parallel.micro_batch_size)
     tokens = sum(len(e.input_ids) for e in examples) / len(examples)
     console.print(
         f"SFT: {len(examples)} gold conversations, {tokens:.0f} tokens on average, "

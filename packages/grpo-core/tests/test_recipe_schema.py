@@ -1,0 +1,133 @@
+"""The shared model / cluster / parallel sections: flags, placement, trainer configs and the
+refusal of settings a run does not act on (``turnrl.grpo_core.recipe.schema``)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from turnrl.grpo_core.recipe.run_folder import config_from_dict
+from turnrl.grpo_core.recipe.schema import (
+    NOT_HONOURED,
+    SCHEMA_FLAG_OF,
+    ClusterConfig,
+    ModelConfig,
+    ParallelConfig,
+    add_schema_flags,
+    check_schema,
+    placement_config,
+    refusals,
+    trainer_config,
+)
+from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
+
+
+@dataclass
+class AppConfig:
+    """A stand-in app: the shared sections with app defaults of its own."""
+
+    seed: int = 5
+    logger: list[str] = field(default_factory=list)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
+    parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(micro_batch_size=16))
+
+
+def _refused(config: AppConfig) -> str:
+    return "\n".join(refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+
+
+def test_the_defaults_are_refused_nothing() -> None:
+    assert _refused(AppConfig()) == ""
+    check_schema(AppConfig(), [])
+
+
+def test_megatron_flags_are_refused_on_the_torch_backend_naming_the_flag() -> None:
+    config = AppConfig(parallel=ParallelConfig(sequence_parallel=True, recompute_num_layers=2))
+    refused = _refused(config)
+    assert "--sequence-parallel True: a Megatron setting" in refused
+    assert "--recompute-num-layers 2: a Megatron setting" in refused
+    with pytest.raises(ValueError, match="cannot honour") as error:
+        check_schema(config, refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+    assert "--sequence-parallel" in str(error.value) and "--recompute-num-layers" in str(
+        error.value
+    )
+
+
+def test_placement_flags_act_on_ray_and_are_refused_on_the_local_runner() -> None:
+    ray = AppConfig(cluster=ClusterConfig(runner="ray", actor_num_gpus_per_node=2, colocate=True))
+    assert _refused(ray) == ""
+    local = AppConfig(cluster=ClusterConfig(runner="local", actor_num_gpus_per_node=2))
+    assert "--actor-num-gpus-per-node 2: the local runner trains in one process" in _refused(local)
+    crowded = AppConfig(
+        cluster=ClusterConfig(runner="ray", colocate=True, rollout_num_gpus=2)
+    )  # 2 engines on 1 rank's device
+    assert "do not fit on 1 rank(s)" in _refused(crowded)
+
+
+def test_half_of_dynamic_batching_and_a_cpu_memory_margin_are_refused() -> None:
+    half = AppConfig(parallel=ParallelConfig(use_dynamic_batch_size=True))
+    assert "dynamic batching needs both" in _refused(half)
+    both = AppConfig(parallel=ParallelConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=512))
+    assert _refused(both) == ""
+    margin = AppConfig(cluster=ClusterConfig(train_memory_margin_bytes=1 << 30))
+    assert "on --device cpu there is no device memory" in _refused(margin)
+
+
+def test_bad_values_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="--device must be cpu, gpu or npu"):
+        ClusterConfig(device="tpu")
+    with pytest.raises(ValueError, match="--runner must be local or ray"):
+        ClusterConfig(runner="slurm")
+    with pytest.raises(ValueError, match="--actor-num-gpus-per-node must be >= 1"):
+        ClusterConfig(actor_num_gpus_per_node=0)
+    with pytest.raises(ValueError, match="--train-backend must be torch or megatron"):
+        ParallelConfig(train_backend="jax")
+    with pytest.raises(ValueError, match="--logger neptune"):
+        check_schema(AppConfig(logger=["neptune"]), [])
+    with pytest.raises(ValueError, match="needs --hf-checkpoint"):
+        check_schema(AppConfig(cluster=ClusterConfig(device="gpu")), [])
+
+
+def test_a_partial_section_keeps_the_apps_own_defaults() -> None:
+    config = config_from_dict(AppConfig, {"cluster": {"colocate": True}, "parallel": {}})
+    assert config.cluster.runner == "ray" and config.cluster.colocate
+    assert config.parallel.micro_batch_size == 16
+    with pytest.raises(ValueError, match="unknown config keys in ClusterConfig"):
+        config_from_dict(AppConfig, {"cluster": {"num_engines": 2}})
+
+
+def test_the_flags_set_the_sections() -> None:
+    parser = argparse.ArgumentParser()
+    add_schema_flags(parser)
+    placement = ["--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4", "--colocate"]
+    args = parser.parse_args(
+        [*placement, "--num-layers", "36", "--qk-layernorm", "--use-dynamic-batch-size"]
+    )
+    assert vars(args) == {
+        "cluster.actor_num_gpus_per_node": 4,
+        "cluster.rollout_num_gpus": 4,
+        "cluster.colocate": True,
+        "model.arch.num_layers": 36,
+        "model.arch.qk_layernorm": True,
+        "parallel.use_dynamic_batch_size": True,
+    }
+
+
+def test_placement_and_trainer_configs_come_from_the_sections() -> None:
+    cluster = ClusterConfig(
+        device="gpu", actor_num_nodes=2, actor_num_gpus_per_node=4, rollout_num_gpus=8
+    )
+    cluster.rollout_num_gpus_per_engine = 2
+    placement = placement_config(cluster)
+    assert (placement.actor_num_nodes, placement.actor_num_gpus_per_node) == (2, 4)
+    assert (placement.rollout_num_gpus, placement.rollout_num_gpus_per_engine) == (8, 2)
+    assert placement.accelerator == "GPU" and cluster.num_engines == 4
+    config = AppConfig(cluster=ClusterConfig(train_memory_margin_bytes=7))
+    trainer = trainer_config(config, Path("m"), temperature=0.7)
+    assert type(trainer) is TorchEngineConfig
+    assert (trainer.model_path, trainer.micro_batch_size, trainer.seed) == ("m", 16, 5)
+    assert (trainer.temperature, trainer.memory_margin_bytes) == (0.7, 7)
