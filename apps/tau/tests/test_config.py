@@ -327,7 +327,8 @@ def test_main_refuses_unsupported_backends(tmp_path: Path) -> None:
     from turnrl_app_tau.main import main
 
     run_dir = tmp_path / "run"
-    assert main(["--train-backend", "megatron", "--run-dir", str(run_dir)]) == 2
+    megatron = ["--train-backend", "megatron", "--tensor-model-parallel-size", "2"]
+    assert main([*megatron, "--run-dir", str(run_dir)]) == 2  # 2 does not divide 1 rank
     assert main(["--device", "tpu", "--run-dir", str(run_dir)]) == 2
     assert main(["--torch-threads", "-1", "--run-dir", str(run_dir)]) == 2
     assert main(["--domain", "retail", "--run-dir", str(run_dir)]) != 0
