@@ -9,14 +9,12 @@ import pytest
 import requests
 from rich.console import Console
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.config import SFTStageConfig
 from turnrl_app_retool.main import (
     Datasets,
     accuracy,
     make_summary,
     results_table,
     sandbox_url,
-    sft_lr,
     standard_errors,
 )
 
@@ -167,14 +165,10 @@ def test_summary_and_table_carry_standard_errors() -> None:
     assert "+0.250 ± 0.250" in console.export_text()
 
 
-def test_sft_learning_rate_schedules() -> None:
-    sft = SFTStageConfig(num_steps=5, lr=1.0, lr_decay="cosine", min_lr_ratio=0.1)
-    rates = [sft_lr(sft, step) for step in range(1, 6)]
-    assert rates[0] == 1.0 and rates[-1] == pytest.approx(0.1)
-    assert rates[2] == pytest.approx(0.55) and rates == sorted(rates, reverse=True)
-    assert sft_lr(SFTStageConfig(lr=0.5), 3) == 0.5
+def test_a_bad_sft_schedule_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         resolve(["--sft-lr-decay", "linear"])
+    assert "--sft-lr-decay must be constant or cosine" in capsys.readouterr().err
 
 
 def test_a_folder_holding_a_run_is_refused_and_left_alone(tmp_path: Path, capsys) -> None:

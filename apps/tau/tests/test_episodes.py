@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tau_replay import ReplayEngine
+from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
 from turnrl_app_tau.data import (
     SHORT_SYSTEM_PROMPT,
@@ -20,7 +20,7 @@ from turnrl_app_tau.data import (
 )
 from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.main import rollout_config, tool_schemas
-from turnrl_app_tau.training import prefix, sft_lr
+from turnrl_app_tau.training import prefix
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -138,19 +138,11 @@ def test_synthetic_tasks_do_not_depend_on_the_hash_seed() -> None:
     assert len(digests) == 1
 
 
-def test_sft_lr_schedules() -> None:
-    constant = TauSettings(sft_lr=1e-3, sft_steps=100)
-    assert {sft_lr(constant, s) for s in (0, 50, 99)} == {1e-3}
-    cosine = TauSettings(sft_lr=1e-3, sft_steps=100, sft_lr_decay="cosine")
-    lrs = [sft_lr(cosine, s) for s in range(100)]
-    assert lrs[0] == pytest.approx(1e-4)  # warm-up: a tenth at the first step
-    assert max(lrs) == pytest.approx(1e-3, rel=0.03)
-    assert lrs[-1] == pytest.approx(1e-4, rel=0.01)  # decays to a tenth
-    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
-    with pytest.raises(ValueError, match="sft_lr_decay"):
-        TauSettings(sft_lr_decay="linear")
+def test_sft_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="sft_extra_stores"):
         TauSettings(sft_extra_stores=-1)
+    with pytest.raises(ValueError, match="--sft-lr-decay"):
+        resolve(["--sft-lr-decay", "linear"], {})
 
 
 def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
@@ -165,6 +157,3 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
         TauSettings(sft_prefix_turns=0)
     with pytest.raises(ValueError, match="sft_prefix"):
         TauSettings(sft_prefix_steps=-1)
-    # The cosine schedule spans the prefix steps and the full-conversation steps.
-    both = TauSettings(sft_lr=1e-3, sft_prefix_steps=50, sft_steps=50, sft_lr_decay="cosine")
-    assert sft_lr(both, 99) == pytest.approx(1e-4, rel=0.01)

@@ -165,9 +165,9 @@ def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
     ("settings", "steps", "stop", "num_probes"),
     [
         # Target 1.0 is out of reach of the untrained model: every step runs, probed each 2.
-        ({"sft_probe_target": 1.0, "sft_probe_interval": 2}, 2 + 6, "all steps done", 3),
+        ({"probe_target": 1.0, "probe_interval": 2}, 2 + 6, "all steps done", 3),
         # Target 0.0 probes nothing; the time bound ends SFT after its first step.
-        ({"sft_max_seconds": 1e-3}, 1, "time bound", 0),
+        ({"max_seconds": 1e-3}, 1, "time bound", 0),
     ],
 )
 def test_sft_stops_on_its_probe_or_time_bound(
@@ -178,7 +178,7 @@ def test_sft_stops_on_its_probe_or_time_bound(
     from turnrl_app_tau.main import tool_schemas
 
     config = preset("smoke")
-    config.tau = dataclasses.replace(config.tau, sft_probe_size=4, **settings)
+    config.sft = dataclasses.replace(config.sft, probe_size=4, **settings)
     base = build_policy(config, tmp_path)
     data = load_tasks_and_domain(config.tau)
     tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)

@@ -5,6 +5,7 @@ every step's metrics handed on, and a phase with nothing to train on refused."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,47 @@ def test_a_phase_with_nothing_to_train_on_is_refused_before_any_step(tiny: Path)
         engine, [SFTPhase(0, [empty], 1)], pad_id=tok.pad_token_id, seed=0, lr=lambda _: 1e-3
     )
     assert result.steps == 0 and result.record()["loss_last"] is None
+
+
+def test_train_sft_runs_the_configured_stage_and_exports_it(tiny: Path, tmp_path: Path) -> None:
+    """``train_sft``: the first phases then ``num_steps``, the learning rate warmed up and
+    decayed over all of them (cosine to ``min_lr_ratio``), the model and its record
+    exported."""
+    from dataclasses import dataclass, field
+
+    from turnrl.grpo_core.recipe.schema import ModelConfig
+    from turnrl.grpo_core.recipe.sft import SFT_DONE, SFTStageConfig, train_sft
+
+    @dataclass
+    class App:
+        seed: int = 0
+        model: ModelConfig = field(default_factory=ModelConfig)
+        sft: SFTStageConfig = field(
+            default_factory=lambda: SFTStageConfig(
+                num_steps=3, global_batch_size=2, micro_batch_size=1, lr=1e-3
+            )
+        )
+
+    app = App()
+    app.sft.lr_decay, app.sft.warmup_steps, app.sft.min_lr_ratio = "cosine", 2, 0.5
+    tok = AutoTokenizer.from_pretrained(tiny)
+    examples = [build_sft_example(tok, sample_chat(seed=s, num_turns=1)) for s in range(3)]
+    seen: list[tuple[int, float]] = []
+    record = train_sft(
+        app,
+        tiny,
+        examples,
+        [],
+        tmp_path / "sft",
+        pad_id=tok.pad_token_id,
+        first=[SFTPhase(2, examples, 2, probe=False)],
+        on_step=lambda step, m: seen.append((step, m["sft/loss"])),
+    )
+    assert [s for s, _ in seen] == [1, 2, 3, 4, 5] and record["steps"] == 5
+    assert json.loads((tmp_path / "sft" / SFT_DONE).read_text()) == record
+    assert (tmp_path / "sft" / "config.json").is_file()
+    assert not SFTStageConfig(enabled=False).runs and not SFTStageConfig(num_steps=0).runs
+    with pytest.raises(ValueError, match="--sft-lr-decay must be constant or cosine"):
+        SFTStageConfig(lr_decay="linear")
+    with pytest.raises(ValueError, match="--sft-probe-target"):
+        SFTStageConfig(probe_target=2.0)

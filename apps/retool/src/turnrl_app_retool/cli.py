@@ -36,6 +36,7 @@ from turnrl.grpo_core.recipe.schema import (
     check_schema,
     refusals,
 )
+from turnrl.grpo_core.recipe.sft import SFT_FLAGS
 from turnrl_app_retool.config import PRESET_DIR, RetoolAppConfig, preset
 
 # (flag, "section.field", kind): each sets one field (turnrl.grpo_core.recipe.flags).
@@ -45,13 +46,6 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--num-sft-chats", "data.num_sft_chats", int),
     ("--num-train-problems", "data.num_train_problems", int),
     ("--num-val-problems", "data.num_val_problems", int),
-    ("--sft-steps", "sft.num_steps", int),
-    ("--sft-lr", "sft.lr", float),
-    ("--sft-global-batch-size", "sft.global_batch_size", int),
-    ("--sft-lr-decay", "sft.lr_decay", str),
-    ("--sft-probe-target", "sft.probe_target", float),
-    ("--sft-probe-interval", "sft.probe_interval", int),
-    ("--sft-max-seconds", "sft.max_seconds", float),
     ("--num-rollout", "rl.num_rollout", int),
     ("--eval-interval", "rl.eval_interval", int),
     ("--save-interval", "rl.save_interval", int),
@@ -79,8 +73,8 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--seed", "seed", int),
 ]
 FLAGS: list[Flag] = [
+    *SFT_FLAGS,
     *[(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _VALUED],
-    ("--no-sft", "sft.enabled", OFF, "skip the SFT stage"),
     ("--no-rl", "rl.enabled", OFF, "skip the RL stage"),
     ("--use-kl-loss", "rl.use_kl_loss", ON, "add the KL loss"),
     (

@@ -21,6 +21,7 @@ from typing import Any
 
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
+from turnrl.grpo_core.recipe.sft import SFTStageConfig
 
 FILTER_METRICS = ("acc", "reward")
 """What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
@@ -48,37 +49,6 @@ class DataConfig:
     """Render the ``code_interpreter`` schema into every prompt (the chat template's tools
     block: ~300 of a generated chat's ~475 tokens). The tiny CPU model learns the tool from SFT
     alone, so ``cpu-default`` leaves it out: ~3x less SFT and prefill work, shorter attention."""
-
-
-@dataclass
-class SFTStageConfig:
-    """Stage 1: supervised fine-tuning on tool-use chats (loss on assistant tokens only)."""
-
-    enabled: bool = True
-    """Run the SFT stage [--no-sft skips it]."""
-    num_steps: int = 500
-    """Optimizer steps [--sft-steps]."""
-    global_batch_size: int = 16
-    """Chats per optimizer step."""
-    micro_batch_size: int = 16
-    """Chats per forward/backward (gradient accumulation above it)."""
-    lr: float = 3e-3
-    """Learning rate [--sft-lr] (the recipe's 1e-5 is for a 4B model; a tiny random one needs more)."""
-    lr_decay: str = "constant"
-    """``constant``, or ``cosine``: decay to ``min_lr_ratio`` x lr over ``num_steps`` [--sft-lr-decay]."""
-    min_lr_ratio: float = 0.1
-    """Cosine decay's final learning rate as a fraction of ``lr``."""
-    probe_target: float = 0.0
-    """Stop SFT once this fraction of ``probe_size`` generated chats SFT never sees is
-    reproduced exactly by greedy decoding given the gold context
-    (``grpo_core.training.sft.SFTStop``); ``num_steps`` is then the most steps. 0 runs
-    exactly ``num_steps`` [--sft-probe-target]."""
-    probe_interval: int = 25
-    """Steps between probes [--sft-probe-interval]."""
-    probe_size: int = 64
-    """Probe chats."""
-    max_seconds: float = 0.0
-    """Stop SFT after this many seconds (0: no bound) [--sft-max-seconds]."""
 
 
 @dataclass
@@ -262,16 +232,6 @@ class RetoolAppConfig:
                 f"({rl.global_batch_size})"
             )
         self._validate_dapo()
-        if self.sft.lr_decay not in ("constant", "cosine"):
-            raise ValueError(f"sft.lr_decay must be constant or cosine, got {self.sft.lr_decay!r}")
-        if not 0 <= self.sft.probe_target <= 1:
-            raise ValueError(f"sft.probe_target must be in [0, 1], got {self.sft.probe_target}")
-        if self.sft.probe_interval < 1 or self.sft.probe_size < 1 or self.sft.max_seconds < 0:
-            raise ValueError(
-                "sft.probe_interval, sft.probe_size must be >= 1, sft.max_seconds >= 0"
-            )
-        if self.sft.num_steps < 0 or self.sft.global_batch_size < 1:
-            raise ValueError("sft.num_steps must be >= 0 and sft.global_batch_size >= 1")
         if self.rl.eval_interval < 0:
             raise ValueError(f"--eval-interval must be >= 0, got {self.rl.eval_interval}")
         if self.rl.save_interval < 0:

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
-from turnrl.grpo_core.recipe.schema import check_model_split, sft_trainer
+from turnrl.grpo_core.recipe.schema import check_model_split
 from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl.tool_envs.math_synth import (
     DATA_SOURCE,
@@ -36,7 +36,7 @@ from turnrl.tool_envs.math_synth import (
 )
 from turnrl.tool_envs.retool_episodes import generations_text, per_problem_accuracy, run_tasks
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.config import RetoolAppConfig, SFTStageConfig
+from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.episodes import episode_settings, summarize
 from turnrl_app_retool.rl import run_rl_stage
 
@@ -99,13 +99,6 @@ def build_base_model(config: RetoolAppConfig, folder: Path, reuse: bool = False)
     )
 
 
-def sft_lr(sft: SFTStageConfig, step: int) -> float:
-    """SFT learning rate of ``step`` (1-based): constant, or cosine from lr to min_lr_ratio x lr."""
-    from turnrl.grpo_core.training.sft import scheduled_lr
-
-    return scheduled_lr(sft.lr, step - 1, sft.num_steps, sft.lr_decay, min_ratio=sft.min_lr_ratio)
-
-
 def run_sft_stage(
     config: RetoolAppConfig,
     base: Path,
@@ -114,40 +107,31 @@ def run_sft_stage(
     console: Console,
     logger: StepLogger,
 ) -> tuple[Path, dict[str, Any]]:
-    """Stage 1; returns the exported model folder and what SFT did (``SFTResult.record``:
-    steps, first and last loss, why it stopped, ``[step, rate]`` of every probe).
-
-    Runs ``sft.num_steps`` steps, or fewer when the probe target or the time bound is met
-    (``SFTStop``); every step also goes to ``metrics.jsonl`` (``sft/loss``, ``sft/probe``).
-    """
+    """Stage 1 (``grpo_core.recipe.sft.train_sft``); returns the exported model folder and
+    what SFT did (steps, first and last loss, why it stopped, ``[step, rate]`` of every
+    probe). Every step also goes to ``metrics.jsonl`` (``sft/loss``, ``sft/probe``)."""
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.recipe.sft import SFTPhase
-    from turnrl.grpo_core.recipe.sft import run_sft_stage as train
-    from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
+    from turnrl.grpo_core.recipe.sft import train_sft
+    from turnrl.grpo_core.training.sft import build_sft_example
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
-    sft = config.sft
     tok = AutoTokenizer.from_pretrained(base)
     tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
     length = config.parallel.seq_length
     examples = [build_sft_example(tok, chat, tools, length) for chat in datasets.sft_chats]
     probe = [build_sft_example(tok, chat, tools, length) for chat in datasets.probe_chats]
-    trainer = sft_trainer(config, base, sft.lr, sft.micro_batch_size)
-    result = train(
-        trainer,
-        [SFTPhase(sft.num_steps, examples, sft.global_batch_size)],
+    record = train_sft(
+        config,
+        base,
+        examples,
+        probe,
+        out,
         pad_id=tok.pad_token_id,
-        seed=config.seed,
-        lr=lambda step: sft_lr(sft, step + 1),
-        stop=SFTStop(
-            probe, tok.pad_token_id, sft.probe_target, sft.probe_interval, sft.max_seconds
-        ),
         console=console,
         on_step=lambda step, metrics: logger(step, metrics, phase="sft"),
     )
-    trainer.export_hf(out)
-    return out, result.record()
+    return out, record
 
 
 @contextlib.contextmanager
@@ -261,7 +245,7 @@ async def run(
             if "sft" in progress:
                 policy = run_dir / "model" / "sft"
                 console.print(f"SFT: reusing {policy} (from progress.json)")
-            elif config.sft.enabled:
+            elif config.sft.runs:
                 sft_dir = run_dir / "model" / "sft"
                 policy, record = run_sft_stage(
                     config, policy, datasets, sft_dir, console, this.logger

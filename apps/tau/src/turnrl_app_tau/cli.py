@@ -25,6 +25,7 @@ from turnrl.grpo_core.recipe.flags import (
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.schema import SCHEMA_FLAG_OF, SCHEMA_FLAGS, add_schema_flags
+from turnrl.grpo_core.recipe.sft import SFT_FLAGS
 from turnrl_app_tau.config import PRESET_DIR, TauAppConfig, from_dict, preset
 
 # (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags; the script's
@@ -62,6 +63,7 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
 
 
 _APP_FLAGS: list[tuple[str, str, Any, str]] = [
+    *SFT_FLAGS,
     ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
     ("--seed", "seed", int, "global seed"),
     (
@@ -112,20 +114,8 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-turns", "rollout.max_turns", int, "model turns per episode (TAU_MAX_TURNS)"),
     ("--max-inflight", "rollout.max_inflight", int, "episodes in flight (TAU_MAX_INFLIGHT)"),
     ("--short-tools", "rollout.short_tools", ON, "tool schemas without descriptions"),
-    ("--sft-steps", "tau.sft_steps", int, "SFT warm-up steps on gold conversations"),
-    ("--sft-lr", "tau.sft_lr", float, "SFT learning rate"),
-    ("--sft-batch-size", "tau.sft_batch_size", int, "gold conversations per SFT step"),
-    ("--sft-lr-decay", "tau.sft_lr_decay", str, "SFT lr schedule: constant or cosine"),
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
     ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
-    (
-        "--sft-probe-target",
-        "tau.sft_probe_target",
-        float,
-        "stop SFT once this fraction of probe conversations is reproduced greedily (0: fixed steps)",
-    ),
-    ("--sft-probe-interval", "tau.sft_probe_interval", int, "SFT steps between probes"),
-    ("--sft-max-seconds", "tau.sft_max_seconds", float, "time bound of SFT (0: none)"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),
     ("--no-tools-in-prompt", "rollout.tools_in_prompt", OFF, "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),

@@ -22,6 +22,7 @@ from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
+from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 TAU_REWARDS = ("shaped-group-max", "task")
@@ -80,7 +81,7 @@ class RolloutSettings:
 
 @dataclass
 class TauSettings:
-    """The task data, the user simulator, SFT warm-up and evaluation."""
+    """The task data, the user simulator, SFT warm-up data and evaluation."""
 
     benchmark: str = "tau"
     """tau (tau-bench from --tau-bench-dir, or the synthetic domain) or tau2 (tau2-bench from
@@ -124,14 +125,6 @@ class TauSettings:
     """User-simulator LLM retries (TAU_USER_LITELLM_RETRIES)."""
     user_retry_delay: float = 2.0
     """Seconds between retries (TAU_USER_LITELLM_RETRY_DELAY)."""
-    sft_steps: int = 0
-    """SFT warm-up optimizer steps on gold conversations (0 skips SFT)."""
-    sft_lr: float = 3e-3
-    """SFT learning rate."""
-    sft_batch_size: int = 8
-    """Conversations per SFT step."""
-    sft_lr_decay: str = "constant"
-    """SFT learning-rate schedule: constant, or cosine (10-step warm-up, decay to 0.1 x lr)."""
     sft_extra_stores: int = 0
     """Synthetic domain: gold conversations of this many other generated stores (other seeds:
     other customers and orders, none of the held-out ones) join the SFT data, so the model
@@ -144,17 +137,6 @@ class TauSettings:
     """Assistant turns kept in a prefix."""
     sft_prefix_batch_size: int = 32
     """Prefixes per SFT step."""
-    sft_probe_target: float = 0.0
-    """Stop the whole-conversation SFT stage once this fraction of probe conversations
-    (``sft_probe_size`` gold conversations of a store SFT never sees) is reproduced exactly
-    by greedy decoding given the gold context (``grpo_core.training.sft.greedy_match_rate``);
-    ``sft_steps`` is then the most steps. 0 runs exactly ``sft_steps``."""
-    sft_probe_interval: int = 25
-    """Whole-conversation SFT steps between probes."""
-    sft_probe_size: int = 32
-    """Probe conversations."""
-    sft_max_seconds: float = 0.0
-    """Stop SFT after this many seconds even if the probe target is not met (0: no bound)."""
     policy_in_prompt: bool = True
     """The domain policy (wiki) as the system prompt; False puts a one-line system prompt
     (a tiny model cannot read the policy, and SFT steps are cheaper without it)."""
@@ -168,18 +150,10 @@ class TauSettings:
     def __post_init__(self) -> None:
         if self.benchmark not in ("tau", "tau2"):
             raise ValueError(f"benchmark must be tau or tau2, got {self.benchmark!r}")
-        if self.sft_lr_decay not in ("constant", "cosine"):
-            raise ValueError(f"sft_lr_decay must be constant or cosine, got {self.sft_lr_decay!r}")
         if self.sft_prefix_steps < 0 or self.sft_prefix_turns < 1 or self.sft_prefix_batch_size < 1:
             raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:
             raise ValueError(f"sft_extra_stores must be >= 0, got {self.sft_extra_stores}")
-        if not 0 <= self.sft_probe_target <= 1:
-            raise ValueError(f"sft_probe_target must be in [0, 1], got {self.sft_probe_target}")
-        if self.sft_probe_interval < 1 or self.sft_probe_size < 1 or self.sft_max_seconds < 0:
-            raise ValueError(
-                "sft_probe_interval and sft_probe_size must be >= 1, sft_max_seconds >= 0"
-            )
 
 
 @dataclass
@@ -211,7 +185,13 @@ class TauAppConfig:
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     """Engines, sampling, episodes."""
     tau: TauSettings = field(default_factory=TauSettings)
-    """Data, user, SFT, evaluation."""
+    """Data, user, SFT data, evaluation."""
+    sft: SFTStageConfig = field(
+        default_factory=lambda: SFTStageConfig(
+            num_steps=0, global_batch_size=8, micro_batch_size=4, probe_size=32
+        )
+    )
+    """The SFT warm-up on gold conversations (0 steps: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""

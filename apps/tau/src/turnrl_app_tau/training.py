@@ -15,20 +15,20 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import LoopConfig
-from turnrl.grpo_core.recipe import SFTPhase, run_sft_stage, schema
+from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.model import starting_model
-from turnrl.grpo_core.training.sft import SFTStop, build_sft_example, scheduled_lr
+from turnrl.grpo_core.recipe.sft import SFT_DONE, SFTPhase, train_sft
+from turnrl.grpo_core.training.sft import build_sft_example
 from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.protocol import UserSimulator
 from turnrl.tool_envs.tau.gold import TaskUser
-from turnrl_app_tau.config import TauAppConfig, TauSettings
+from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import (
     TaskData,
     extra_store_conversations,
@@ -59,10 +59,6 @@ def _tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-SFT_DONE = "sft.json"
-"""Written into the SFT model folder once it is complete (losses, steps)."""
-
-
 def sft_warm_up(
     config: TauAppConfig,
     base: Path,
@@ -77,8 +73,8 @@ def sft_warm_up(
     With ``reuse``, a complete SFT model an earlier run of ``run_dir`` exported is returned
     without training. ``on_step`` gets every step's metrics (``sft/loss``, ``sft/probe``).
     """
-    t = config.tau
-    if t.sft_steps <= 0 or not data.train:
+    t, sft = config.tau, config.sft
+    if not sft.runs or not data.train:
         console.print("SFT warm-up skipped")
         return base
     done = run_dir / "model" / "sft" / SFT_DONE
@@ -92,14 +88,12 @@ def sft_warm_up(
     elif t.sft_extra_stores:
         console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic domain only)")
     probe_chats: list[list[dict[str, Any]]] = []
-    if t.sft_probe_target:
+    if sft.probe_target:
         if t.domain == "synthetic":  # a store SFT never sees
-            probe_chats = store_conversations(t, t.sft_extra_stores + 1)[: t.sft_probe_size]
+            probe_chats = store_conversations(t, t.sft_extra_stores + 1)[: sft.probe_size]
         else:  # the last training conversations, left out of SFT
-            probe_chats, conversations = (
-                conversations[-t.sft_probe_size :],
-                conversations[: -t.sft_probe_size],
-            )
+            probe_chats = conversations[-sft.probe_size :]
+            conversations = conversations[: -sft.probe_size]
     length = config.parallel.seq_length
     probe = [build_sft_example(tok, m, tools, max_length=length) for m in probe_chats]
     examples = [build_sft_example(tok, m, tools, max_length=length) for m in conversations]
@@ -108,33 +102,26 @@ def sft_warm_up(
         for messages in conversations
         if t.sft_prefix_steps
     ]
-    engine = schema.sft_trainer(config, base, t.sft_lr, config.parallel.micro_batch_size)
     tokens = sum(len(e.input_ids) for e in examples) / len(examples)
     console.print(
         f"SFT: {len(examples)} gold conversations, {tokens:.0f} tokens on average, "
         f"{t.sft_prefix_steps} prefix steps x {t.sft_prefix_batch_size} + "
-        f"{t.sft_steps} steps x {t.sft_batch_size}"
+        f"{sft.num_steps} steps x {sft.global_batch_size}"
     )
-    phases = [  # a curriculum: the first turns of every conversation, then all of it
-        SFTPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, probe=False),
-        SFTPhase(t.sft_steps, examples, t.sft_batch_size),
-    ]
-    stop = SFTStop(
-        probe, tok.pad_token_id, t.sft_probe_target, t.sft_probe_interval, t.sft_max_seconds
-    )
-    result = run_sft_stage(
-        engine,
-        phases,
+    # A curriculum: the first turns of every conversation, then all of it.
+    first = [SFTPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, probe=False)]
+    train_sft(
+        config,
+        base,
+        examples,
+        probe,
+        done.parent,
         pad_id=tok.pad_token_id,
-        seed=config.seed,
-        lr=lambda step: sft_lr(t, step),
-        stop=stop,
+        first=first,
         console=console,
         on_step=on_step,
     )
-    folder = Path(engine.export_hf(run_dir / "model" / "sft"))
-    (folder / SFT_DONE).write_text(json.dumps(result.record()) + "\n")
-    return folder
+    return done.parent
 
 
 def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
@@ -145,14 +132,6 @@ def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
         if seen == turns:
             return messages[: index + 1]
     return list(messages)
-
-
-def sft_lr(settings: TauSettings, step: int) -> float:
-    """Learning rate of SFT step ``step`` (0-based): constant, or a 10-step linear warm-up
-    then cosine decay from ``sft_lr`` to a tenth of it over every SFT step."""
-    total = settings.sft_prefix_steps + settings.sft_steps
-    warmup = 10 if settings.sft_lr_decay == "cosine" else 0
-    return scheduled_lr(settings.sft_lr, step, total, settings.sft_lr_decay, warmup_steps=warmup)
 
 
 def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:

@@ -22,7 +22,7 @@ from turnrl.grpo_core.recipe.flags import BOOL, ON, add_flags
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.placement.plan import PlacementConfig
-    from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+    from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
 
 RUNNERS = ("local", "ray")
 """How RL trains (``ClusterConfig.runner``)."""
@@ -456,26 +456,6 @@ def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineCon
         attention_softmax_in_fp32=p.attention_softmax_in_fp32,
     )
     return MegatronEngineConfig(**settings, parallel=parallel)
-
-
-def sft_trainer(config: Any, model: Path, lr: float, micro_batch_size: int) -> TorchEngine:
-    """The SFT stage's trainer, in this process: torch whatever the RL backend, AdamW at
-    ``lr`` without weight decay, the run's dtype and seed."""
-    from turnrl.grpo_core.training.torch_engine import (
-        OptimizerConfig,
-        TorchEngine,
-        TorchEngineConfig,
-    )
-
-    return TorchEngine(
-        TorchEngineConfig(
-            model_path=str(model),
-            dtype=config.model.dtype,  # type: ignore[arg-type]  # checked by the engine
-            optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
-            micro_batch_size=micro_batch_size,
-            seed=config.seed,
-        )
-    )
 
 
 def attention_backend(p: ParallelConfig) -> str:

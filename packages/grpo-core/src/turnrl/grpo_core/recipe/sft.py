@@ -1,5 +1,8 @@
 """The SFT stage both apps run before RL, written once.
 
+:class:`SFTStageConfig` is both apps' ``sft`` section (flags :data:`SFT_FLAGS`);
+:func:`train_sft` runs the stage it describes from a starting model and exports the result.
+
 :func:`run_sft_stage` trains a ``TorchEngine`` through phases (e.g. a curriculum of short
 conversation prefixes, then whole conversations), each a number of steps over its own
 examples in a seeded order, with the learning rate a function of the step (a
@@ -11,20 +14,98 @@ hands every step's metrics to a callback (``metrics.jsonl`` in both apps).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from turnrl.grpo_core.recipe.flags import OFF, Flag
 from turnrl.grpo_core.training.sft import (
+    LR_DECAYS,
     SFTConfig,
     SFTDataIterator,
     SFTExample,
     SFTStop,
     run_sft,
+    scheduled_lr,
 )
+
+SFT_DONE = "sft.json"
+"""Written into the SFT model folder once it is complete (:meth:`SFTResult.record`)."""
+
+
+@dataclass
+class SFTStageConfig:
+    """The SFT stage before RL (loss on assistant tokens only)."""
+
+    enabled: bool = True
+    """Run the SFT stage [--no-sft skips it]."""
+    num_steps: int = 500
+    """Optimizer steps on whole conversations [--sft-steps]; 0 skips the stage."""
+    global_batch_size: int = 16
+    """Conversations per optimizer step [--sft-global-batch-size]."""
+    micro_batch_size: int = 16
+    """Conversations per forward/backward (gradient accumulation above it)."""
+    lr: float = 3e-3
+    """Learning rate [--sft-lr] (a 4B model's is ~1e-5; a tiny random one needs more)."""
+    lr_decay: str = "constant"
+    """``constant``, or ``cosine``: decay to ``min_lr_ratio`` x lr over the stage's steps
+    [--sft-lr-decay]."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay's final learning rate as a fraction of ``lr``."""
+    probe_target: float = 0.0
+    """Stop SFT once this fraction of ``probe_size`` conversations SFT never sees is
+    reproduced exactly by greedy decoding given the gold context
+    (``grpo_core.training.sft.SFTStop``); ``num_steps`` is then the most steps. 0 runs
+    exactly ``num_steps`` [--sft-probe-target]."""
+    probe_interval: int = 25
+    """Steps between probes [--sft-probe-interval]."""
+    probe_size: int = 64
+    """Probe conversations."""
+    max_seconds: float = 0.0
+    """Stop SFT after this many seconds even if the probe target is not met (0: no bound)
+    [--sft-max-seconds]."""
+
+    def __post_init__(self) -> None:
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"--sft-lr-decay must be constant or cosine, got {self.lr_decay!r}")
+        if not 0 <= self.probe_target <= 1:
+            raise ValueError(f"--sft-probe-target must be in [0, 1], got {self.probe_target}")
+        if self.probe_interval < 1 or self.probe_size < 1 or self.max_seconds < 0:
+            raise ValueError("sft.probe_interval, sft.probe_size >= 1, sft.max_seconds >= 0")
+        if self.num_steps < 0 or self.warmup_steps < 0:
+            raise ValueError("--sft-steps and sft.warmup_steps must be >= 0")
+        if self.global_batch_size < 1 or self.micro_batch_size < 1:
+            raise ValueError("sft.global_batch_size and sft.micro_batch_size must be >= 1")
+
+    @property
+    def runs(self) -> bool:
+        """Whether the stage trains at all."""
+        return self.enabled and self.num_steps > 0
+
+
+SFT_FLAGS: list[Flag] = [
+    ("--no-sft", "sft.enabled", OFF, "skip the SFT stage"),
+    ("--sft-steps", "sft.num_steps", int, "SFT steps on whole conversations (0 skips SFT)"),
+    ("--sft-lr", "sft.lr", float, "SFT learning rate"),
+    ("--sft-global-batch-size", "sft.global_batch_size", int, "conversations per SFT step"),
+    ("--sft-lr-decay", "sft.lr_decay", str, "SFT lr schedule: constant or cosine"),
+    (
+        "--sft-probe-target",
+        "sft.probe_target",
+        float,
+        "stop SFT once this fraction of probe conversations is reproduced greedily (0: fixed steps)",
+    ),
+    ("--sft-probe-interval", "sft.probe_interval", int, "SFT steps between probes"),
+    ("--sft-max-seconds", "sft.max_seconds", float, "time bound of SFT (0: none)"),
+]
+"""The flags of the ``sft`` section."""
 
 
 @dataclass
@@ -149,3 +230,75 @@ def run_sft_stage(
     if result.losses:
         console.print(f"SFT loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
     return result
+
+
+def sft_trainer(config: Any, model: Path, lr: float, micro_batch_size: int) -> Any:
+    """The SFT stage's trainer, in this process: a ``TorchEngine`` whatever the RL backend,
+    AdamW at ``lr`` without weight decay, the run's dtype and seed."""
+    from turnrl.grpo_core.training.torch_engine import (
+        OptimizerConfig,
+        TorchEngine,
+        TorchEngineConfig,
+    )
+
+    return TorchEngine(
+        TorchEngineConfig(
+            model_path=str(model),
+            dtype=config.model.dtype,
+            optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
+            micro_batch_size=micro_batch_size,
+            seed=config.seed,
+        )
+    )
+
+
+def train_sft(
+    config: Any,
+    base: Path,
+    examples: Sequence[SFTExample],
+    probe: Sequence[SFTExample],
+    out: Path,
+    *,
+    pad_id: int,
+    first: Sequence[SFTPhase] = (),
+    console: Console | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """The SFT stage ``config.sft`` describes, from ``base``: the ``first`` phases (e.g. a
+    curriculum of prefixes), then ``sft.num_steps`` steps over ``examples``, the learning
+    rate scheduled over all of them, stopped early on ``probe`` or the time bound. The model
+    is exported to ``out`` with :data:`SFT_DONE` in it; returns that record.
+
+    Args:
+        config: An app config with ``sft``, ``model`` and ``seed``.
+    """
+    sft = config.sft
+    trainer = sft_trainer(config, base, sft.lr, sft.micro_batch_size)
+    phases = [*first, SFTPhase(sft.num_steps, examples, sft.global_batch_size)]
+    total = sum(max(0, p.steps) for p in phases)
+
+    def lr(step: int) -> float:
+        return scheduled_lr(
+            sft.lr,
+            step,
+            total,
+            sft.lr_decay,
+            warmup_steps=sft.warmup_steps,
+            min_ratio=sft.min_lr_ratio,
+        )
+
+    stop = SFTStop(probe, pad_id, sft.probe_target, sft.probe_interval, sft.max_seconds)
+    result = run_sft_stage(
+        trainer,
+        phases,
+        pad_id=pad_id,
+        seed=config.seed,
+        lr=lr,
+        stop=stop,
+        console=console,
+        on_step=on_step,
+    )
+    folder = Path(trainer.export_hf(out))
+    record = result.record()
+    (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
+    return record
