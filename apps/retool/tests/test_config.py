@@ -14,17 +14,17 @@ from turnrl_app_retool.config import PRESETS, preset
 def test_every_preset_is_valid_and_named(name: str) -> None:
     config = preset(name).validate()
     assert config.preset == name
-    rl = config.rl
-    assert (rl.rollout_batch_size * rl.n_samples_per_prompt) % rl.global_batch_size == 0
+    loop = config.loop
+    assert (loop.rollout_batch_size * loop.n_samples_per_prompt) % loop.global_batch_size == 0
 
 
 def test_real_scale_presets_follow_the_recipe() -> None:
     npu4b, npu7b, gpu = preset("qwen3-4b-npu"), preset("qwen2.5-7b-npu"), preset("qwen3-4b-gpu")
     for c in (npu4b, npu7b, gpu):
-        assert (c.rl.eps_clip, c.rl.eps_clip_high, c.rl.dual_clip_c) == (0.2, 0.28, 10.0)
-        assert not c.rl.use_kl_loss and c.rl.kl_loss_coef == 0.0
-        assert c.rl.n_samples_per_prompt == 16 and c.rl.lr == 1e-6
-        assert c.rl.loss_agg_mode == "token-mean" and c.rl.max_turns == 16
+        assert (c.loss.eps_clip, c.loss.eps_clip_high, c.loss.dual_clip_c) == (0.2, 0.28, 10.0)
+        assert not c.loss.use_kl_loss and c.loss.kl_loss_coef == 0.0
+        assert c.loop.n_samples_per_prompt == 16 and c.optimizer.lr == 1e-6
+        assert c.loss.loss_agg_mode == "token-mean" and c.rl.max_turns == 16
         assert (c.eval.n, c.eval.temperature, c.eval.top_p) == (30, 1.0, 0.6)
         assert c.rl.max_prompt_length == 2048
         e = c.cluster  # verl's layout: 8 trainer ranks, the engines on the same cards
@@ -38,7 +38,7 @@ def test_real_scale_presets_follow_the_recipe() -> None:
     assert npu4b.env["VLLM_ASCEND_ENABLE_NZ"] == "0"
     assert "aime_2025" in npu4b.data.val_paths[0]
     assert npu7b.model.hf_checkpoint == "Qwen/Qwen2.5-7B-Instruct" and not npu7b.sft.enabled
-    assert npu7b.rl.rollout_batch_size == 32 and npu7b.rl.max_response_length == 20480
+    assert npu7b.loop.rollout_batch_size == 32 and npu7b.rl.max_response_length == 20480
     assert "AIME_2024" in npu7b.data.val_paths[0]
     assert gpu.cluster.device == "gpu" and gpu.cluster.rollout_num_gpus_per_engine == 4
     assert gpu.cluster.num_engines == 2 and not gpu.env
@@ -53,7 +53,7 @@ def test_default_and_smoke() -> None:
     assert (config.parallel.micro_batch_size, config.parallel.seq_length) == (16, 1024)
     smoke, _ = resolve(["--smoke"])
     assert smoke.preset == "smoke"
-    assert smoke.rl.num_rollout < config.rl.num_rollout
+    assert smoke.loop.num_rollout < config.loop.num_rollout
     assert smoke.sft.num_steps < config.sft.num_steps
 
 
@@ -82,19 +82,19 @@ def test_flags_override_the_preset() -> None:
             "7",
         ]
     )
-    assert config.rl.num_rollout == 3 and config.rl.lr == 2e-6
+    assert config.loop.num_rollout == 3 and config.optimizer.lr == 2e-6
     assert config.sandbox.url == "http://sandbox:8080"
     assert config.data.val_paths == ["a.parquet", "b.jsonl"]
-    assert not config.sft.enabled and config.rl.use_kl_loss and config.rl.kl_loss_coef == 0.001
+    assert not config.sft.enabled and config.loss.use_kl_loss and config.loss.kl_loss_coef == 0.001
     assert config.run_dir == "out" and config.seed == 7
-    assert config.rl.n_samples_per_prompt == 16  # untouched fields keep the preset's value
+    assert config.loop.n_samples_per_prompt == 16  # untouched fields keep the preset's value
 
 
 def test_presets_are_fresh_objects() -> None:
     a = preset("cpu-default")
-    a.rl.num_rollout = 999
+    a.loop.num_rollout = 999
     a.data.val_paths.append("x")
-    assert preset("cpu-default").rl.num_rollout != 999
+    assert preset("cpu-default").loop.num_rollout != 999
     assert preset("cpu-default").data.val_paths == []
 
 
@@ -116,7 +116,7 @@ def test_presets_are_fresh_objects() -> None:
         (["--use-dynamic-batch-size"], "dynamic batching needs both"),
         (["--optimizer", "sgd"], "AdamW (adam) is the only optimizer"),
         (["--actor-num-gpus-per-node", "0"], ">= 1"),
-        (["--eval-interval", "-1"], "--eval-interval must be >= 0"),
+        (["--eval-interval", "-1"], "eval_interval and save_interval must be >= 0"),
         (["--colocate", "--rollout-num-gpus", "2"], "do not fit on 1 rank"),
     ],
 )
@@ -137,14 +137,14 @@ def test_resolved_config_is_saved(tmp_path: Path) -> None:
     path = config.save(tmp_path / "run")
     saved = json.loads(path.read_text())
     assert saved["preset"] == "smoke" and saved["seed"] == 3
-    assert saved["rl"]["num_rollout"] == config.rl.num_rollout
+    assert saved["loop"]["num_rollout"] == config.loop.num_rollout
     assert saved["sandbox"]["url"] is None
 
 
 def test_eval_interval_reaches_the_rl_stage() -> None:
-    assert resolve(["--eval-interval", "3"])[0].rl.eval_interval == 3
-    assert resolve(["--eval-interval", "0"])[0].rl.eval_interval == 0
-    default = resolve([])[0].rl  # a curve of >= 5 points: before RL, then every interval
+    assert resolve(["--eval-interval", "3"])[0].loop.eval_interval == 3
+    assert resolve(["--eval-interval", "0"])[0].loop.eval_interval == 0
+    default = resolve([])[0].loop  # a curve of >= 5 points: before RL, then every interval
     assert 1 + default.num_rollout // default.eval_interval >= 5
 
 
@@ -190,7 +190,7 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     config, _ = resolve(argv)
     rl = trainer_config(Path("m"), config)
     assert isinstance(rl, MegatronEngineConfig) and rl.parallel.tensor_model_parallel_size == 2
-    assert rl.optimizer.lr == config.rl.lr and rl.top_p == config.rl.top_p
+    assert rl.optimizer.lr == config.optimizer.lr and rl.top_p == config.rl.top_p
 
 
 @pytest.mark.parametrize(

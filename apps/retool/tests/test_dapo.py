@@ -94,9 +94,10 @@ def test_step_lines_say_what_the_filter_did() -> None:
 
 def test_dapo_presets_and_flags() -> None:
     for name in ("qwen3-4b-npu", "qwen3-4b-gpu"):
-        rl = preset(name).rl
+        config = preset(name)
+        rl = config.rl
         assert rl.dynamic_sampling and rl.filter_metric == "acc" and rl.overlong_buffer_len == 4096
-        assert rl.gen_batch_size == 3 * rl.rollout_batch_size
+        assert rl.gen_batch_size == 3 * config.loop.rollout_batch_size
     assert not preset("qwen2.5-7b-npu").rl.dynamic_sampling  # GRPO with the rule reward
     config, _ = resolve(
         [

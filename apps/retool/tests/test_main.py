@@ -187,10 +187,12 @@ def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
     config.save(tmp_path)
     resumed, args = resolve(["--resume", "--run-dir", str(tmp_path), "--num-rollout", "5"])
     assert args.resume and resumed.preset == "smoke"
-    assert resumed.rl.lr == 0.003 and resumed.rl.num_rollout == 5  # the run's, then the flag
+    assert (
+        resumed.optimizer.lr == 0.003 and resumed.loop.num_rollout == 5
+    )  # the run's, then the flag
     assert resumed.to_dict() == {
         **config.to_dict(),
-        "rl": {**config.to_dict()["rl"], "num_rollout": 5},
+        "loop": {**config.to_dict()["loop"], "num_rollout": 5},
     }
     assert not resolve(["--run-dir", str(tmp_path)])[1].resume
 

