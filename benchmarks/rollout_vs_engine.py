@@ -41,14 +41,16 @@ from typing import Any
 
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.data import load_tasks_and_domain
-from turnrl_app_tau.main import rollout_config, start_engines, tool_schemas
-from turnrl_app_tau.training import build_policy, make_user_factory
+from turnrl_app_tau.main import rollout_config, tool_schemas
+from turnrl_app_tau.training import build_policy, engine_spec, make_user_factory
 
 from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
+from turnrl.grpo_core.recipe.engines import start_local_engines
+from turnrl.grpo_core.recipe.schema import router_config
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
-from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.tau_episodes import TauEpisodes
 
@@ -146,7 +148,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config.model.hf_checkpoint = args.hf_checkpoint
     data = load_tasks_and_domain(config.tau)
     policy = build_policy(config, work)
-    servers = start_engines(config, policy, work)
+    servers = start_local_engines(engine_spec(config, policy), 1, work / "logs")
     try:
         urls = [s.url for s in servers]
         chat = ChatTokenizer.from_dir(policy)
@@ -156,8 +158,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         tasks = data.train[: config.loop.rollout_batch_size]
         n = config.loop.n_samples_per_prompt
         out: dict[str, Any] = {"runs": []}
-        router_config = RouterConfig(max_concurrency_per_engine=r.vllm_server_concurrency)
-        async with Router(urls, router_config) as router:
+        async with Router(urls, router_config(config)) as router:
             recorder = Recorder(router)
             episodes = TauEpisodes(
                 recorder, chat, data.domain, tools, rc, make_user_factory(config, urls)

@@ -208,8 +208,9 @@ def test_script_flags_on_the_cpu_preset_give_the_npu_preset() -> None:
         1,
     )
     assert p.use_dynamic_batch_size and p.max_tokens_per_gpu == 6144
-    assert (r.vllm_gpu_memory_utilization, r.vllm_server_concurrency) == (0.6, 8)
-    assert r.router_disable_circuit_breaker and r.vllm_max_model_len == 16384
+    e = cfg.engine
+    assert (e.gpu_memory_utilization, e.server_concurrency) == (0.6, 8)
+    assert e.disable_circuit_breaker and e.max_model_len == 16384
     assert c.train_memory_margin_bytes == 4294967296
     assert (p.attention_dropout, p.hidden_dropout) == (0.0, 0.0)
     assert p.accumulate_allreduce_grads_in_fp32 and p.attention_softmax_in_fp32

@@ -22,7 +22,12 @@ from typing import Any
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
-from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
+from turnrl.grpo_core.recipe.schema import (
+    ClusterConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+)
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
@@ -124,20 +129,6 @@ class SandboxConfig:
     """Most sandbox calls in flight."""
     max_tool_output_chars: int = 2048
     """Longest tool message in characters (head and tail kept)."""
-
-
-@dataclass
-class EngineConfig:
-    """The inference engines' own settings (how many, and where: ``cluster``)."""
-
-    gpu_memory_utilization: float = 0.6
-    """Device memory fraction for an engine (GPU/NPU)."""
-    cpu_kvcache_gib: float = 1.0
-    """KV cache GiB on CPU."""
-    max_num_seqs: int | None = None
-    """Most sequences an engine batches (--max-num-seqs)."""
-    extra_args: list[str] = field(default_factory=list)
-    """More vLLM flags (e.g. --enable-chunked-prefill)."""
 
 
 @dataclass

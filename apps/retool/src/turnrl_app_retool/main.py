@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from turnrl.grpo_core.recipe.driver import Fleet, Run, engine_fleet, open_run, run_main
+from turnrl.grpo_core.recipe.driver import Run, open_run, run_main
 from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
-from turnrl.grpo_core.recipe.schema import check_model_split
+from turnrl.grpo_core.recipe.schema import check_model_split, engine_spec, engines, router_config
 from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl.tool_envs.math_synth import (
     DATA_SOURCE,
@@ -146,41 +146,6 @@ def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
         yield sandbox.url
 
 
-def engine_spec(config: RetoolAppConfig, model: Path, port: int = 8000) -> Any:
-    """One vLLM server for ``model`` as the config sets it."""
-    from turnrl.rollout_router.engine import EngineSpec
-
-    e = config.engine
-    extra = [*e.extra_args, "--seed", str(config.seed)]
-    if e.max_num_seqs:
-        extra += ["--max-num-seqs", str(e.max_num_seqs)]
-    return EngineSpec(
-        model=str(model),
-        device=config.cluster.device,
-        port=port,
-        max_model_len=config.rl.max_prompt_length + config.rl.max_response_length,
-        tensor_parallel_size=config.cluster.rollout_num_gpus_per_engine,
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        cpu_kvcache_gib=e.cpu_kvcache_gib,
-        extra_args=extra,
-    )
-
-
-def engines(
-    config: RetoolAppConfig, model: Path, log_dir: Path
-) -> contextlib.AbstractContextManager[Fleet]:
-    """The engines serving ``model``, stopped at exit: placed by a Ray run with the trainer
-    ranks still to start, or the local runner's child processes."""
-    from turnrl.grpo_core.recipe.schema import placement_config
-
-    c = config.cluster
-    placement = placement_config(c) if c.runner == "ray" else None
-    spec, threads = engine_spec(config, model), config.model.torch_threads
-    return engine_fleet(
-        spec, log_dir, placement=placement, num_local=c.num_engines, torch_threads=threads
-    )
-
-
 class Evaluator:
     """Validation over every dataset; keeps what the summary table needs."""
 
@@ -253,7 +218,11 @@ async def run(
                 this.remember("sft", record)
         sft_cpu = time.process_time()
         console.print(f"SFT done (last loss {progress.get('sft', {}).get('loss_last')})")
-        with sandbox_url(config) as url, engines(config, policy, run_dir / "logs") as (urls, job):
+        rl, on_ray = config.rl, config.cluster.runner == "ray"
+        length, seed = rl.max_prompt_length + rl.max_response_length, ["--seed", str(config.seed)]
+        spec = engine_spec(config, policy, length, seed)
+        fleet = engines(config, spec, run_dir / "logs", on_ray)
+        with sandbox_url(config) as url, fleet as (urls, job):
             evaluate, before, after, history = await _evaluate_and_train(
                 this, policy, datasets, url, urls, job
             )
@@ -301,7 +270,7 @@ async def _evaluate_and_train(
     chat = ChatTokenizer.from_dir(policy)
     settings = episode_settings(config, chat, box, config.eval.temperature, config.eval.top_p)
     evaluate = Evaluator(config, settings, datasets, run.logger)
-    async with Router(urls) as router:
+    async with Router(urls, router_config(config)) as router:
 
         async def evaluate_before() -> dict[str, Any]:
             metrics = await evaluate(router, 0)

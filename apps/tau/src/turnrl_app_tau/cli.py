@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.grpo_core.recipe.flags import (
-    BOOL,
     OFF,
     ON,
     add_flags,
@@ -38,10 +37,6 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
     ("--rollout-max-response-len", "rollout.rollout_max_response_len", int),
     ("--rollout-max-context-len", "rollout.rollout_max_context_len", int),
     ("--rollout-temperature", "rollout.rollout_temperature", float),
-    ("--vllm-gpu-memory-utilization", "rollout.vllm_gpu_memory_utilization", float),
-    ("--vllm-server-concurrency", "rollout.vllm_server_concurrency", int),
-    ("--router-disable-circuit-breaker", "rollout.router_disable_circuit_breaker", BOOL),
-    ("--vllm-max-model-len", "rollout.vllm_max_model_len", int),
 ]
 
 

