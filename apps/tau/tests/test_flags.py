@@ -271,7 +271,7 @@ def test_an_unknown_train_backend_is_refused() -> None:
 
 
 def test_dynamic_batching_flags_reach_the_loop_and_need_each_other() -> None:
-    from turnrl_app_tau.training import loop_config
+    from turnrl.grpo_core.recipe.schema import loop_config
 
     words = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "6144"]
     config = resolve(words, {}).config

@@ -12,7 +12,6 @@ console line with the number of groups the filter dropped.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,33 +94,12 @@ async def run_rl_stage(
     Returns:
         Every step's metrics.
     """
-    from transformers import AutoTokenizer
-
     from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
-    from turnrl.grpo_core.recipe import build_loop
-    from turnrl.grpo_core.recipe.driver import RLStage
+    from turnrl.grpo_core.recipe.driver import build_rl
 
-    config, console = run.config, run.console
-    rl, p, num_rollout = config.rl, config.parallel, config.loop.num_rollout
-    loop_config = replace(
-        config.loop,
-        seed=config.seed,
-        max_tokens_per_micro_batch=p.max_tokens_per_gpu if p.use_dynamic_batch_size else None,
-    )
-    reference = None
-    if config.loss.use_kl_loss:  # --ref-load, or the frozen SFT policy
-        reference = {
-            "model_path": config.model.ref_load or policy,
-            "micro_batch_size": p.micro_batch_size,
-            "temperature": rl.temperature,
-        }
-    rl_settings = replace(
-        settings,
-        rollout=replace(
-            settings.rollout,
-            sampling=replace(settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p),
-        ),
-    )
+    config, rl, num_rollout = run.config, run.config.rl, run.config.loop.num_rollout
+    sampling = replace(settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p)
+    rl_settings = replace(settings, rollout=replace(settings.rollout, sampling=sampling))
     stats = StepStats()
 
     async def episode(task: MathTask, index: int, group: str, session: str) -> Any:
@@ -146,34 +124,28 @@ async def run_rl_stage(
             await evaluate(step)  # logged as its own phase ("val"), not in the step's metrics
         return {}
 
-    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+    def line(step: int, metrics: dict[str, float]) -> str:
         metrics.update(stats.take())  # the same dict lands in the loop's history
         # Also under verl's names, so curves line up with a verl ReTool run.
-        verl = {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
-        run.logger(step, {**metrics, **verl}, phase="rl")
-        console.print(step_line(step, metrics, rl.dynamic_sampling))
+        metrics.update(
+            {name: metrics[ours] for ours, name in VERL_ALIASES.items() if ours in metrics}
+        )
+        return step_line(step, metrics, rl.dynamic_sampling)
 
-    stage = RLStage(console, num_rollout, on_metrics)
-    trainer = trainer_config(policy, config)
-    if job is not None:  # off the event loop: the router's connections stay served
-        await asyncio.to_thread(job.start_trainers, trainer)
-    loop = build_loop(
-        loop_config,
-        trainer,
+    loop, stage = await build_rl(
+        run,
+        policy,
         train,
         manager.generate,
         keep_rewards,
-        pad_id=AutoTokenizer.from_pretrained(policy).pad_token_id,
+        trainer=trainer_config(policy, config),
+        router=router,
         urls=urls,
-        sync_root=run.folder / "weights",
         job=job,
-        reference=reference,
-        on_metrics=stage.on_metrics,
-        engine_busy=router.busy_seconds,
+        temperature=rl.temperature,
         evaluate=during_rl,
-        checkpoint_dir=run.folder / "checkpoints",
+        step_line=line,
     )
-
     manager.prompt_source = loop.data.next  # DAPO's extra rounds draw from the loop's data
     history = await stage.run(loop)
     loop.trainer.export_hf(run.folder / "model" / "rl")

@@ -29,10 +29,10 @@ from turnrl.grpo_core.loop import (
     load_function,
 )
 from turnrl.grpo_core.loop.loop import EvalFn
-from turnrl.grpo_core.recipe import build_loop, schema
+from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.driver import (
-    RLStage,
     Run,
+    build_rl,
     open_run,
     run_main,
 )
@@ -55,11 +55,8 @@ from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
     engine_spec,
-    loop_config,
     make_judge,
     make_user_factory,
-    pad_id_of,
-    reference_kwargs,
     sft_warm_up,
     trainer_config,
 )
@@ -308,7 +305,6 @@ async def _train(
             RolloutManagerConfig(max_concurrency=r.max_inflight),
         )
         generate, reward = manager.generate, keep_rewards
-    total = config.loop.num_rollout
     shown: list[Any] = []  # a few episodes of the current step, logged as text
 
     async def generate_and_keep(prompts: list[Any], n: int) -> list[Any]:
@@ -316,28 +312,24 @@ async def _train(
         shown[:] = samples[:2]
         return samples
 
-    def on_metrics(step: int, metrics: dict[str, float]) -> None:
-        run.logger(step, metrics)
+    def line(step: int, metrics: dict[str, float]) -> str:
         if shown:
             run.logger.log_samples(step, [trajectory_text(t) for t in shown])
-        console.print(step_line(step, total, metrics))
+        return step_line(step, config.loop.num_rollout, metrics)
 
-    stage = RLStage(console, total, on_metrics)
-    loop = build_loop(
-        loop_config(config),
-        trainer_config(config, policy),
+    loop, stage = await build_rl(
+        run,
+        policy,
         data.train,
         generate_and_keep,
         reward,
-        pad_id=pad_id_of(policy),
+        trainer=trainer_config(config, policy),
+        router=router,
         urls=urls,
-        sync_root=run.folder / "weights",
         job=job,
-        reference=reference_kwargs(config, policy),
-        on_metrics=stage.on_metrics,
+        temperature=r.rollout_temperature,
         evaluate=evaluate,
-        checkpoint_dir=str(run.folder / "checkpoints"),
-        engine_busy=router.busy_seconds,
+        step_line=line,
     )
     history = await stage.run(loop)  # async: rollouts overlap the steps' training
     return {"steps": loop.step, "train_history": history}

@@ -5,21 +5,18 @@
 - :func:`sft_warm_up`: SFT with loss on assistant tokens only, on every training task's
   gold conversation (``turnrl.tool_envs.tau.gold``), exported as a Hugging Face folder the
   engines reload.
-- :func:`trainer_config`, :func:`reference_kwargs`: what the GRPO trainer and the frozen
-  reference policy (KL loss on) are built from, here or on each Ray rank
-  (``turnrl.grpo_core.recipe.build_loop``).
+- :func:`trainer_config`, :func:`engine_spec`: what every GRPO trainer (here or on each Ray
+  rank) and every engine are built from (``turnrl.grpo_core.recipe.schema``).
 - :func:`make_user_factory`: the scripted customer, or an LLM user through litellm (a
   provider model, or ``local``: the policy engines themselves, as vime does).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.model import starting_model
 from turnrl.grpo_core.recipe.sft import SFT_DONE, SFTPhase, train_sft
@@ -148,31 +145,6 @@ def trainer_config(config: TauAppConfig, policy: Path) -> TorchEngineConfig:
         loss=config.loss,
         temperature=config.rollout.rollout_temperature,
     )
-
-
-def loop_config(config: TauAppConfig) -> LoopConfig:
-    """The loop's settings, with dynamic batching from slime's flags when they ask for it."""
-    p = config.parallel
-    if not p.use_dynamic_batch_size:
-        return config.loop
-    return dataclasses.replace(config.loop, max_tokens_per_micro_batch=p.max_tokens_per_gpu)
-
-
-def reference_kwargs(config: TauAppConfig, policy: Path) -> dict[str, Any] | None:
-    """The reference policy's settings when the KL loss is on, else None."""
-    if not config.loss.use_kl_loss:
-        return None
-    return {
-        "model_path": config.model.ref_load or policy,
-        "micro_batch_size": config.parallel.micro_batch_size,
-        "temperature": config.rollout.rollout_temperature,
-    }
-
-
-def pad_id_of(policy: Path) -> int:
-    """The tokenizer's pad id (0 when it has none)."""
-    pad_id = _tokenizer(policy).pad_token_id
-    return int(pad_id if pad_id is not None else 0)
 
 
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:

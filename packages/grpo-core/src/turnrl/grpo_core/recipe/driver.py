@@ -8,8 +8,9 @@ its command line.
   :meth:`Run.finish` leaves ``summary.json`` and the PNG curves.
 - :func:`engine_fleet`: the engines serving a model, as the local runner's child processes
   or a Ray run's actors (with the trainer ranks still to start), stopped at exit.
-- :class:`RLStage`: the RL stage on a built loop: resumed from the folder's latest
-  checkpoint, a progress bar over the steps, a checkpoint after the last.
+- :func:`build_rl` and :class:`RLStage`: the RL stage's loop from the config's sections,
+  and the stage on it: resumed from the folder's latest checkpoint, a progress bar over the
+  steps, every step logged, a checkpoint after the last.
 - :func:`run_main`: an app's ``main``: ``error:`` and exit code 2 on bad input, Ctrl-C's
   exit code and ``--resume`` hint.
 
@@ -32,7 +33,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
@@ -269,6 +270,77 @@ class RLStage:
                 self.bar = None
         loop.ensure_checkpoint()  # the last step's state, whatever --save-interval
         return loop.history
+
+
+async def build_rl(
+    run: Run[Any],
+    policy: Path,
+    prompts: Sequence[Any],
+    generate: Any,
+    reward: Any,
+    *,
+    trainer: Any,
+    router: Any,
+    urls: Sequence[str],
+    job: Any = None,
+    temperature: float,
+    evaluate: Any = None,
+    step_line: Callable[[int, dict[str, float]], str] | None = None,
+) -> tuple[GRPOLoop, RLStage]:
+    """The RL stage of ``run``, ready to ``await stage.run(loop)``: the loop the config's
+        ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
+        ``--use-dynamic-batch-size``, the reference policy ``--ref-load`` or ``policy`` when the
+        KL loss is on) training ``trainer`` here or on the Ray run's ranks (``job``, started
+        here unless they are), rolling out through ``generate`` over the engines at ``urls``
+        (``router``'s: their busy time is logged), weights synced to them, checkpoints in the
+        run folder. Every step's metrics go
+        to the run's logger (phase ``rl``) and, with ``step_line`` (called first: it may add
+    metrics of the app's own to the dict), one console line.
+
+        Args:
+            run: The run (its config has the ``loop``, ``loss``, ``model`` and ``parallel``
+                sections of ``turnrl.grpo_core.recipe.schema``, and ``seed``).
+            policy: The model RL starts from (its tokenizer gives the padding id).
+            prompts, generate, reward: As for ``GRPOLoop``.
+            trainer: Every trainer's engine config (``schema.trainer_config``).
+            temperature: The rollout temperature (the reference policy's).
+            evaluate: The loop's ``--eval-interval`` hook.
+    """
+    from transformers import AutoTokenizer
+
+    from turnrl.grpo_core.recipe.loop import build_loop
+    from turnrl.grpo_core.recipe.schema import loop_config as settings
+    from turnrl.grpo_core.recipe.schema import reference_settings
+
+    loop_config = settings(run.config)
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        line = step_line(step, metrics) if step_line is not None else None  # may add metrics
+        run.logger(step, metrics, phase="rl")
+        if line is not None:
+            run.console.print(line)
+
+    stage = RLStage(run.console, loop_config.num_rollout, on_metrics)
+    if job is not None and job.trainers is None:  # off the event loop: the router serves on
+        await asyncio.to_thread(job.start_trainers, trainer)
+    pad_id = AutoTokenizer.from_pretrained(policy).pad_token_id
+    loop = build_loop(
+        loop_config,
+        trainer,
+        prompts,
+        generate,
+        reward,
+        pad_id=int(pad_id if pad_id is not None else 0),
+        urls=urls,
+        sync_root=run.folder / "weights",
+        job=job,
+        reference=reference_settings(run.config, policy, temperature),
+        on_metrics=stage.on_metrics,
+        evaluate=evaluate,
+        checkpoint_dir=str(run.folder / "checkpoints"),
+        engine_busy=router.busy_seconds,
+    )
+    return loop, stage
 
 
 def run_main(

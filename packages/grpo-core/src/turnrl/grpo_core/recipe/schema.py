@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -542,6 +542,26 @@ def router_config(config: Any) -> Any:
         max_concurrency_per_engine=e.server_concurrency,
         failure_threshold=10**9 if e.disable_circuit_breaker else 3,
     )
+
+
+def loop_config(config: Any) -> Any:
+    """The RL loop's settings: the ``loop`` section, seeded by ``--seed``, with token-budget
+    micro-batches of ``--max-tokens-per-gpu`` under ``--use-dynamic-batch-size``."""
+    p = config.parallel
+    budget = p.max_tokens_per_gpu if p.use_dynamic_batch_size else None
+    return replace(config.loop, seed=config.seed, max_tokens_per_micro_batch=budget)
+
+
+def reference_settings(config: Any, policy: Path, temperature: float) -> dict[str, Any] | None:
+    """The frozen reference policy's settings when the KL loss is on (``--ref-load``, or
+    ``policy``), else None."""
+    if not config.loss.use_kl_loss:
+        return None
+    return {
+        "model_path": config.model.ref_load or policy,
+        "micro_batch_size": config.parallel.micro_batch_size,
+        "temperature": temperature,
+    }
 
 
 def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineConfig:
