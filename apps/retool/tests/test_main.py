@@ -136,7 +136,7 @@ def test_standard_errors_are_over_problems_and_the_delta_is_paired() -> None:
     two = standard_errors({"a": [0.0, 1.0], "b": [0.0, 1.0]}, {"a": [0.0, 1.0], "b": [1.0, 1.0]})
     assert two["acc_before_se"] == pytest.approx((0.5**2 * 2) ** 0.5 / 2)
     assert two["num_val_problems"] == 4.0
-    with pytest.raises(ValueError, match="same problems"):
+    with pytest.raises(ValueError, match="same items"):
         standard_errors({"a": [0.0]}, {"a": [0.0, 1.0]})
 
 

