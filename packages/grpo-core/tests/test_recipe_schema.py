@@ -9,18 +9,24 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import (
     NOT_HONOURED,
     SCHEMA_FLAG_OF,
     ClusterConfig,
+    EngineConfig,
     ModelConfig,
     ParallelConfig,
     add_schema_flags,
     check_schema,
+    engine_spec,
+    loop_config,
     placement_config,
+    reference_settings,
     refusals,
+    router_config,
     trainer_config,
 )
 from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
@@ -36,6 +42,8 @@ class AppConfig:
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
     parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(micro_batch_size=16))
     loop: LoopConfig = field(default_factory=LoopConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
 
 
 def _refused(config: AppConfig) -> str:
@@ -144,3 +152,34 @@ def test_placement_and_trainer_configs_come_from_the_sections() -> None:
     assert type(trainer) is TorchEngineConfig
     assert (trainer.model_path, trainer.micro_batch_size, trainer.seed) == ("m", 16, 5)
     assert (trainer.temperature, trainer.memory_margin_bytes) == (0.7, 7)
+
+
+def test_engines_router_loop_and_reference_come_from_the_sections() -> None:
+    config = AppConfig(
+        cluster=ClusterConfig(device="gpu", rollout_num_gpus_per_engine=2),
+        engine=EngineConfig(max_num_seqs=64, server_concurrency=16, extra_args=["--x"]),
+        parallel=ParallelConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=512),
+        loss=ActorLossConfig(use_kl_loss=True),
+    )
+    spec = engine_spec(config, Path("m"), 4096, ["--seed", "5"])
+    assert (spec.device, spec.tensor_parallel_size, spec.max_model_len) == ("gpu", 2, 4096)
+    assert spec.extra_args == ["--x", "--seed", "5", "--max-num-seqs", "64"]
+    config.engine.max_model_len = 1024  # --vllm-max-model-len overrides the app's length
+    assert engine_spec(config, Path("m"), 4096).max_model_len == 1024
+    router = router_config(config)
+    assert router.max_concurrency_per_engine == 16 and router.failure_threshold == 3
+    config.engine.disable_circuit_breaker = True
+    assert router_config(config).failure_threshold > 10**6
+    loop = loop_config(config)
+    assert (loop.seed, loop.max_tokens_per_micro_batch) == (5, 512)
+    reference = reference_settings(config, Path("sft"), 0.7)
+    assert reference == {"model_path": Path("sft"), "micro_batch_size": 4, "temperature": 0.7}
+    config.model.ref_load = "ref"
+    assert reference_settings(config, Path("sft"), 0.7)["model_path"] == "ref"  # type: ignore[index]
+    assert reference_settings(AppConfig(), Path("sft"), 0.7) is None  # no KL loss
+
+
+def test_a_device_memory_share_on_the_cpu_is_refused() -> None:
+    assert "--vllm-gpu-memory-utilization 0.9: on --device cpu" in _refused(
+        AppConfig(engine=EngineConfig(gpu_memory_utilization=0.9))
+    )
