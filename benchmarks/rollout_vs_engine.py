@@ -40,9 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from turnrl_app_tau.config import preset
-from turnrl_app_tau.data import load_tasks_and_domain
-from turnrl_app_tau.main import rollout_config, tool_schemas
-from turnrl_app_tau.training import build_policy, engine_spec, make_user_factory
+from turnrl_app_tau.main import rollout_config
+from turnrl_app_tau.training import build_policy, engine_spec
 
 from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
@@ -52,6 +51,7 @@ from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
 from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas, user_factory
 from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 
@@ -161,7 +161,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         async with Router(urls, router_config(config)) as router:
             recorder = Recorder(router)
             episodes = TauEpisodes(
-                recorder, chat, data.domain, tools, rc, make_user_factory(config, urls)
+                recorder, chat, data.domain, tools, rc, user_factory(config.tau, urls)
             )
             for repeat in range(args.repeats + 1):  # the first pair warms both paths up
                 recorder.requests.clear()

@@ -20,15 +20,18 @@ KIND_OF = {dotted: kind for _, dotted, kind in [*SCHEMA_FLAGS, *_SCRIPT_FLAGS]} 
 
 
 def _attributes_read_by_the_app() -> set[str]:
-    """Attribute names loaded by the app (outside config.py and cli.py) or by grpo-core, which
-    reads the loop / loss / optimizer sections whole. A name check, so a field that shares
-    its name with another attribute passes; a field nothing reads at all fails."""
+    """Attribute names loaded by the app (outside config.py and cli.py), by grpo-core, which
+    reads the loop / loss / optimizer sections whole, or by tool-envs' ``tau_data``, which
+    reads the task data settings. A name check, so a field that shares its name with
+    another attribute passes; a field nothing reads at all fails."""
     import turnrl.grpo_core
+    import turnrl.tool_envs.tau_data
 
     paths = [
         p for p in Path(cli.__file__).parent.glob("*.py") if p.name not in ("config.py", "cli.py")
     ]
     paths += [p for root in turnrl.grpo_core.__path__ for p in Path(root).rglob("*.py")]
+    paths.append(Path(turnrl.tool_envs.tau_data.__file__))
     names: set[str] = set()
     for path in paths:
         tree = ast.parse(path.read_text())

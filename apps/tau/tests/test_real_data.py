@@ -12,13 +12,13 @@ import pytest
 from tau_paths import TAU_BENCH_DIR
 from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
-from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.main import rollout_config, tool_schemas
+from turnrl_app_tau.main import rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation
+from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
 from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 pytestmark = pytest.mark.skipif(

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from turnrl_app_tau.cli import resolve
-from turnrl_app_tau.config import TauSettings, preset
-from turnrl_app_tau.data import load_tasks_and_domain
+from turnrl_app_tau.config import preset
 from turnrl_app_tau.main import main
 from turnrl_app_tau.report import step_line, trajectory_text, verdict
 from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
 
 from turnrl.grpo_core.recipe import load_progress
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
-from turnrl.tool_envs.tau.synth import TASK_KINDS
+from turnrl.tool_envs.tau_data import load_tasks_and_domain
 
 
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
@@ -74,42 +72,7 @@ def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
     assert sft_warm_up(config, base, data, [], tmp_path, reuse=True) == sft
 
 
-def test_task_kinds_mix_is_even_and_held_out_is_new() -> None:
-    settings = TauSettings(
-        domain="synthetic",
-        synthetic_kinds=["status", "cancel"],
-        synthetic_num_users=60,
-        synthetic_num_tasks=40,
-        num_heldout=10,
-    )
-    data = load_tasks_and_domain(settings)
-    names = [t.actions[-1].name for t in data.train + data.heldout]
-    assert set(names) == {TASK_KINDS["status"], TASK_KINDS["cancel"]}
-    assert names.count(TASK_KINDS["status"]) == names.count(TASK_KINDS["cancel"]) == 20
-    held = {t.actions[-1].name for t in data.heldout}
-    assert held == {TASK_KINDS["status"], TASK_KINDS["cancel"]}
-
-    def key(task: Any) -> tuple[str, str]:
-        return task.actions[-1].name, task.actions[1].kwargs["order_id"]
-
-    assert not {key(t) for t in data.heldout} & {key(t) for t in data.train}
-    assert "status+cancel" in data.source
-
-
-def test_task_kinds_bad_input() -> None:
-    with pytest.raises(ValueError, match="synthetic_kinds"):
-        load_tasks_and_domain(TauSettings(domain="synthetic", synthetic_kinds=["refund"]))
-    with pytest.raises(ValueError, match="synthetic_kinds"):
-        load_tasks_and_domain(TauSettings(domain="synthetic", synthetic_kinds=[]))
-    too_many = TauSettings(
-        domain="synthetic",
-        synthetic_kinds=["cancel"],
-        synthetic_num_users=2,
-        synthetic_num_tasks=40,
-        num_heldout=4,
-    )
-    with pytest.raises(ValueError, match="distinct synthetic tasks"):
-        load_tasks_and_domain(too_many)
+def test_synthetic_kinds_parse_as_a_comma_list() -> None:
     parsed = resolve(["--synthetic-kinds", "status, cancel,"], {}).config
     assert parsed.tau.synthetic_kinds == ["status", "cancel"]
 
@@ -175,7 +138,7 @@ def test_sft_stops_on_its_probe_or_time_bound(
 ) -> None:
     import dataclasses
 
-    from turnrl_app_tau.main import tool_schemas
+    from turnrl.tool_envs.tau_data import tool_schemas
 
     config = preset("smoke")
     config.sft = dataclasses.replace(config.sft, probe_size=4, **settings)

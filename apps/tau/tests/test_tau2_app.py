@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, preset
-from turnrl_app_tau.data import load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.main import rollout_config, tool_schemas
+from turnrl_app_tau.main import rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.tau.gold import TaskUser
+from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
 from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 TAU2_DIR = Path(
@@ -129,20 +129,15 @@ def test_the_tau2_flags_reach_the_settings() -> None:
 
 @needs_data
 def test_the_llm_user_and_the_judge_of_a_tau2_run() -> None:
-    from turnrl_app_tau.config import TauAppConfig
-    from turnrl_app_tau.training import make_judge, make_user_factory
+    from turnrl.tool_envs.tau_data import judge, user_factory
 
     tau = _settings(domain="retail", user_model="openai/user", judge_model="local")
-    config = dataclasses.replace(TauAppConfig(), tau=tau)
-    user = make_user_factory(config, ["http://127.0.0.1:9"])()
+    user = user_factory(tau, ["http://127.0.0.1:9"])()
     assert user.config.system_prompt.startswith("# User Simulation Guidelines")  # type: ignore[attr-defined]
     assert "<scenario>\n{instruction}\n</scenario>" in user.config.system_prompt  # type: ignore[attr-defined]
-    judge = make_judge(config, ["http://127.0.0.1:9"])
-    assert (
-        judge.config.api_base == "http://127.0.0.1:9/v1" and judge.config.model == "openai/policy"
-    )
-    plain = dataclasses.replace(config, tau=dataclasses.replace(tau, benchmark="tau"))
-    assert make_judge(plain, ["http://127.0.0.1:9"]) is None
+    llm = judge(tau, ["http://127.0.0.1:9"])
+    assert llm.config.api_base == "http://127.0.0.1:9/v1" and llm.config.model == "openai/policy"
+    assert judge(dataclasses.replace(tau, benchmark="tau"), ["http://127.0.0.1:9"]) is None
 
 
 @needs_data

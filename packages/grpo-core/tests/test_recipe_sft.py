@@ -141,3 +141,46 @@ def test_train_sft_runs_the_configured_stage_and_exports_it(tiny: Path, tmp_path
         SFTStageConfig(lr_decay="linear")
     with pytest.raises(ValueError, match="--sft-probe-target"):
         SFTStageConfig(probe_target=2.0)
+
+
+def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """``train_sft_on_chats``: conversations rendered with the model's template, cut at
+    ``parallel.seq_length`` tokens, the ``first`` phases before the main one, the run
+    described on the console."""
+    from dataclasses import dataclass, field
+
+    from turnrl.grpo_core.recipe.schema import ModelConfig, ParallelConfig
+    from turnrl.grpo_core.recipe.sft import SFTStageConfig, train_sft_on_chats
+
+    @dataclass
+    class App:
+        seed: int = 0
+        model: ModelConfig = field(default_factory=ModelConfig)
+        parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(seq_length=48))
+        sft: SFTStageConfig = field(
+            default_factory=lambda: SFTStageConfig(num_steps=2, global_batch_size=2, lr=1e-3)
+        )
+
+    chats = [sample_chat(seed=s, num_turns=2) for s in range(4)]
+    out = io.StringIO()
+    tokens: list[float] = []
+    record = train_sft_on_chats(
+        App(),
+        tiny,
+        chats,
+        chats[:1],
+        tmp_path / "sft",
+        first=[(3, [c[:3] for c in chats], 4)],
+        console=Console(file=out, width=200),
+        on_step=lambda step, m: tokens.append(m.get("sft/tokens", 0.0)),
+    )
+    assert record["steps"] == 5 and len(tokens) == 5
+    text = out.getvalue()
+    assert "SFT: 4 conversations" in text and "3 steps x 4 (prefixes) + 2 steps x 2" in text
+    tok = AutoTokenizer.from_pretrained(tiny)
+    full = max(len(build_sft_example(tok, c).input_ids) for c in chats)
+    assert full > 48  # so the cut is what keeps every example within seq_length
+    mean = float(text.split(" tokens on average")[0].rsplit(", ", 1)[1])
+    assert mean <= 48

@@ -97,27 +97,19 @@ def run_sft_stage(
     console: Console,
     logger: StepLogger,
 ) -> tuple[Path, dict[str, Any]]:
-    """Stage 1 (``grpo_core.recipe.sft.train_sft``); returns the exported model folder and
-    what SFT did (steps, first and last loss, why it stopped, ``[step, rate]`` of every
-    probe). Every step also goes to ``metrics.jsonl`` (``sft/loss``, ``sft/probe``)."""
-    from transformers import AutoTokenizer
-
-    from turnrl.grpo_core.recipe.sft import train_sft
-    from turnrl.grpo_core.training.sft import build_sft_example
+    """Stage 1 (``grpo_core.recipe.sft``); returns the exported model folder and what SFT
+    did (steps, first and last loss, why it stopped, ``[step, rate]`` of every probe). Every
+    step also goes to ``metrics.jsonl`` (``sft/loss``, ``sft/probe``)."""
+    from turnrl.grpo_core.recipe.sft import train_sft_on_chats
     from turnrl.tool_envs.retool import CODE_INTERPRETER
 
-    tok = AutoTokenizer.from_pretrained(base)
-    tools = [CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None
-    length = config.parallel.seq_length
-    examples = [build_sft_example(tok, chat, tools, length) for chat in datasets.sft_chats]
-    probe = [build_sft_example(tok, chat, tools, length) for chat in datasets.probe_chats]
-    record = train_sft(
+    record = train_sft_on_chats(
         config,
         base,
-        examples,
-        probe,
+        datasets.sft_chats,
+        datasets.probe_chats,
         out,
-        pad_id=tok.pad_token_id,
+        tools=[CODE_INTERPRETER] if config.data.tool_schema_in_prompt else None,
         console=console,
         on_step=lambda step, metrics: logger(step, metrics, phase="sft"),
     )

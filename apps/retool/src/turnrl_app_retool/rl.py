@@ -34,18 +34,10 @@ VERL_ALIASES = {
 
 def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
     """The engine config of each RL trainer rank (``turnrl.grpo_core.recipe.schema``: torch
-    FSDP2, or megatron with the parallelism flags) with the run's loss and optimizer."""
+    FSDP2, or megatron with the parallelism flags) sampling as the rollouts do."""
     from turnrl.grpo_core.recipe.schema import trainer_config as shared
 
-    rl = config.rl
-    return shared(
-        config,
-        model_path,
-        optimizer=config.optimizer,
-        loss=config.loss,
-        temperature=rl.temperature,
-        top_p=rl.top_p,
-    )
+    return shared(config, model_path, temperature=config.rl.temperature, top_p=config.rl.top_p)
 
 
 def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:

@@ -29,6 +29,7 @@ from turnrl.grpo_core.recipe.schema import (
 )
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
+from turnrl.tool_envs.tau_data import TauTaskConfig
 
 TAU_REWARDS = ("shaped-group-max", "task")
 """The app's reward hooks by ``--tau-reward`` name (``episodes.REWARDS``)."""
@@ -73,51 +74,10 @@ class RolloutSettings:
 
 
 @dataclass
-class TauSettings:
-    """The task data, the user simulator, SFT warm-up data and evaluation."""
+class TauSettings(TauTaskConfig):
+    """The task data and the user simulator (``turnrl.tool_envs.tau_data``), the SFT
+    warm-up's data, and evaluation."""
 
-    benchmark: str = "tau"
-    """tau (tau-bench from --tau-bench-dir, or the synthetic domain) or tau2 (tau2-bench from
-    --tau2-dir: its train split trained, its test split held out)."""
-    domain: str = "retail"
-    """retail or airline (real data), or synthetic (generated mini-retail); tau2: airline or
-    retail (telecom is refused: its user needs tools)."""
-    tau2_dir: str | None = None
-    """tau2-bench data folder (airline/, retail/, telecom/, user_simulator/) [--tau2-dir]."""
-    judge_model: str | None = None
-    """tau2: litellm model judging NL assertions ('local': the engines); None leaves out the
-    tasks whose reward they gate (the data step says how many)."""
-    tau_bench_dir: str | None = None
-    """tau-bench data folder with <domain>/ subfolders [--tau-bench-dir]; None: synthetic."""
-    prompt_data: str | None = None
-    """Task file for training [--prompt-data]; default <tau-bench-dir>/<domain>/tasks_<split>.jsonl."""
-    input_key: str = "index"
-    """Key of the task id in prompt records [--input-key]."""
-    split: str = "train"
-    """Task split to read (train, test, dev)."""
-    task_start: int = 0
-    """First task index used."""
-    task_end: int | None = None
-    """One past the last task index used (None: all)."""
-    synthetic_seed: int = 0
-    """Seed of the synthetic domain."""
-    synthetic_num_tasks: int = 48
-    """Tasks generated for the synthetic domain."""
-    synthetic_num_users: int = 24
-    """Customers generated for the synthetic domain."""
-    synthetic_kinds: list[str] = field(
-        default_factory=lambda: ["status", "cancel", "address", "return", "exchange"]
-    )
-    """Task kinds kept from the synthetic generator (``tau.synth.TASK_KINDS``: status, cancel,
-    address, return, exchange), each task about a distinct (kind, order)."""
-    num_heldout: int = 12
-    """Tasks held out for evaluation (the last ones)."""
-    user_model: str | None = None
-    """litellm user model (e.g. openai/gpt-4o-mini, or local to use the engines); None: scripted."""
-    user_retries: int = 30
-    """User-simulator LLM retries (TAU_USER_LITELLM_RETRIES)."""
-    user_retry_delay: float = 2.0
-    """Seconds between retries (TAU_USER_LITELLM_RETRY_DELAY)."""
     sft_extra_stores: int = 0
     """Synthetic domain: gold conversations of this many other generated stores (other seeds:
     other customers and orders, none of the held-out ones) join the SFT data, so the model
@@ -130,9 +90,6 @@ class TauSettings:
     """Assistant turns kept in a prefix."""
     sft_prefix_batch_size: int = 32
     """Prefixes per SFT step."""
-    policy_in_prompt: bool = True
-    """The domain policy (wiki) as the system prompt; False puts a one-line system prompt
-    (a tiny model cannot read the policy, and SFT steps are cheaper without it)."""
     eval_trials: int = 1
     """Trials per held-out task (pass^k for k up to this)."""
     eval_concurrency: int = 8
@@ -141,8 +98,7 @@ class TauSettings:
     """Sampling temperature during evaluation (0: greedy)."""
 
     def __post_init__(self) -> None:
-        if self.benchmark not in ("tau", "tau2"):
-            raise ValueError(f"benchmark must be tau or tau2, got {self.benchmark!r}")
+        super().__post_init__()
         if self.sft_prefix_steps < 0 or self.sft_prefix_turns < 1 or self.sft_prefix_batch_size < 1:
             raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:

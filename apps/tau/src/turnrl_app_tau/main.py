@@ -43,20 +43,23 @@ from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
-from turnrl.tool_envs.tau.gold import short_tool_schemas
+from turnrl.tool_envs.tau_data import (
+    TaskData,
+    judge,
+    load_tasks_and_domain,
+    tool_schemas,
+    user_factory,
+)
 from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.data import TaskData, load_tasks_and_domain
 from turnrl_app_tau.episodes import evaluate
 from turnrl_app_tau.report import console, final_table, step_line, trajectory_text, verdict
 from turnrl_app_tau.training import (
     SFT_DONE,
     build_policy,
     engine_spec,
-    make_judge,
-    make_user_factory,
     sft_warm_up,
     trainer_config,
 )
@@ -95,19 +98,6 @@ def check_supported(config: TauAppConfig) -> None:
                     "turnrl.tool_envs.tau_episodes.batched_tau_rm)"
                 ) from None
     schema.check_schema(config, not_honoured(config))
-
-
-def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
-    """Tools shown to the model: the synthetic domain shows only those its tasks use; none
-    when ``in_prompt`` is off (the model calls the domain's tools all the same)."""
-    if not in_prompt:
-        return []
-    schemas = data.domain.schemas
-    if data.source.startswith("synthetic"):
-        used = {a.name for t in data.train + data.heldout for a in t.actions}
-        used.add("transfer_to_human_agents")
-        schemas = [s for s in schemas if s["function"]["name"] in used]
-    return short_tool_schemas(schemas) if short else list(schemas)
 
 
 def rollout_config(
@@ -229,8 +219,8 @@ async def _run_with_router(
             data.domain,
             tools,
             rollout_config(config),
-            make_user_factory(config, urls),
-            judge=make_judge(config, urls),
+            user_factory(config.tau, urls),
+            judge=judge(config.tau, urls),
         )
         eval_tasks = data.heldout or data.train
         t = config.tau

@@ -565,11 +565,12 @@ def reference_settings(config: Any, policy: Path, temperature: float) -> dict[st
 
 
 def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineConfig:
-    """What a trainer (SFT's, the local one, or each Ray rank) builds from ``policy``: a
+    """What an RL trainer (the local one, or each Ray rank) builds from ``policy``: a
     ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute
-    and dropout from the Megatron flags), else a ``TorchEngineConfig``. ``settings`` are
-    the app's (optimizer, loss, temperature, ...); dtype, seed, micro-batch and memory
-    margin come from the shared sections unless given.
+    and dropout from the Megatron flags), else a ``TorchEngineConfig``. dtype, seed,
+    micro-batch, memory margin, optimizer and loss come from the config's sections
+    (``optimizer`` and ``loss`` where it has them) unless ``settings`` give them; the app
+    adds its sampling (temperature, top-p) there.
 
     Raises:
         ValueError: a setting the megatron engine cannot honour, naming its flag.
@@ -582,6 +583,7 @@ def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineCon
         "micro_batch_size": config.parallel.micro_batch_size,
         "seed": config.seed,
         "memory_margin_bytes": config.cluster.train_memory_margin_bytes,
+        **{k: getattr(config, k) for k in ("optimizer", "loss") if hasattr(config, k)},
         **settings,
     }
     p = config.parallel

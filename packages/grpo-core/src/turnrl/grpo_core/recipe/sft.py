@@ -302,3 +302,55 @@ def train_sft(
     record = result.record()
     (folder / SFT_DONE).write_text(json.dumps(record) + "\n")
     return record
+
+
+Chat = list[dict[str, Any]]
+"""OpenAI-style messages of one conversation."""
+
+
+def train_sft_on_chats(
+    config: Any,
+    base: Path,
+    chats: Sequence[Chat],
+    probe_chats: Sequence[Chat],
+    out: Path,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    first: Sequence[tuple[int, Sequence[Chat], int]] = (),
+    console: Console | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """:func:`train_sft` on conversations: each is rendered with ``base``'s chat template
+    (``tools`` in its prompt), cut at ``config.parallel.seq_length`` tokens, loss on the
+    assistant's tokens only. ``first`` lists ``(steps, chats, batch size)`` phases run
+    before the main one, without probes (e.g. a curriculum of short prefixes)."""
+    from transformers import AutoTokenizer
+
+    from turnrl.grpo_core.training.sft import build_sft_example
+
+    tok = AutoTokenizer.from_pretrained(str(base))
+    length = config.parallel.seq_length
+
+    def examples(items: Sequence[Chat]) -> list[SFTExample]:
+        return [build_sft_example(tok, chat, tools, max_length=length) for chat in items]
+
+    phases = [SFTPhase(steps, examples(items), batch, probe=False) for steps, items, batch in first]
+    main = examples(chats)
+    if console is not None and main:
+        tokens = sum(len(e.input_ids) for e in main) / len(main)
+        console.print(
+            f"SFT: {len(main)} conversations, {tokens:.0f} tokens on average, "
+            + "".join(f"{p.steps} steps x {p.batch_size} (prefixes) + " for p in phases)
+            + f"{config.sft.num_steps} steps x {config.sft.global_batch_size}"
+        )
+    return train_sft(
+        config,
+        base,
+        main,
+        examples(probe_chats),
+        out,
+        pad_id=tok.pad_token_id,
+        first=phases,
+        console=console,
+        on_step=on_step,
+    )

@@ -1,27 +1,86 @@
-"""Tasks and gold conversations for the tau app.
+"""Tasks, domains, tool schemas and users of a tau run.
 
-:func:`load_tasks_and_domain`: the synthetic mini-retail domain (generated from a seed),
-tau-bench retail/airline data from ``--tau-bench-dir`` or tau2-bench data from
-``--tau2-dir``, split into train and held-out. The scripted customer and the gold
-conversations are turnrl-tool-envs' (``turnrl.tool_envs.tau.gold``, ``tau2.gold``).
+:class:`TauTaskConfig` says which tasks a run uses (the synthetic mini-retail domain
+generated from a seed, tau-bench retail/airline data from ``tau_bench_dir``, or tau2-bench
+data from ``tau2_dir``), how they split into train and held-out, and who plays the user
+(the scripted customer of ``tau.gold``, or an LLM through litellm).
+:func:`load_tasks_and_domain` builds them; :func:`user_factory` and :func:`judge` give the
+episodes' user simulator and tau2's NL-assertion judge.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turnrl.tool_envs.protocol import UserSimulator
 from turnrl.tool_envs.tau import Task, TauDomain, load_tasks
 from turnrl.tool_envs.tau import synth as tau_synth
-from turnrl.tool_envs.tau.gold import gold_conversation
+from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation, short_tool_schemas
 from turnrl.tool_envs.tau.synth import TASK_KINDS
 from turnrl.tool_envs.tau2 import gold as tau2_gold
 from turnrl.tool_envs.tau2 import tasks as tau2_tasks
 from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
-from turnrl_app_tau.config import TauSettings
+
+
+@dataclass
+class TauTaskConfig:
+    """The task data of a tau run and its user simulator."""
+
+    benchmark: str = "tau"
+    """tau (tau-bench from ``tau_bench_dir``, or the synthetic domain) or tau2 (tau2-bench
+    from ``tau2_dir``: its train split trained, its test split held out)."""
+    domain: str = "retail"
+    """retail or airline (real data), or synthetic (generated mini-retail); tau2: airline,
+    retail or telecom (telecom needs ``user_model``: its user calls tools)."""
+    tau2_dir: str | None = None
+    """tau2-bench data folder (airline/, retail/, telecom/, user_simulator/) [--tau2-dir]."""
+    judge_model: str | None = None
+    """tau2: litellm model judging NL assertions ('local': the engines); None leaves out the
+    tasks whose reward they gate (the data step says how many)."""
+    tau_bench_dir: str | None = None
+    """tau-bench data folder with <domain>/ subfolders [--tau-bench-dir]; None: synthetic."""
+    prompt_data: str | None = None
+    """Task file for training [--prompt-data]; default <tau-bench-dir>/<domain>/tasks_<split>.jsonl."""
+    input_key: str = "index"
+    """Key of the task id in prompt records [--input-key]."""
+    split: str = "train"
+    """Task split to read (train, test, dev)."""
+    task_start: int = 0
+    """First task index used."""
+    task_end: int | None = None
+    """One past the last task index used (None: all)."""
+    synthetic_seed: int = 0
+    """Seed of the synthetic domain."""
+    synthetic_num_tasks: int = 48
+    """Tasks generated for the synthetic domain."""
+    synthetic_num_users: int = 24
+    """Customers generated for the synthetic domain."""
+    synthetic_kinds: list[str] = field(
+        default_factory=lambda: ["status", "cancel", "address", "return", "exchange"]
+    )
+    """Task kinds kept from the synthetic generator (``tau.synth.TASK_KINDS``), each task
+    about a distinct (kind, order)."""
+    num_heldout: int = 12
+    """Tasks held out for evaluation (the last ones; tau2: the first N of the test split)."""
+    policy_in_prompt: bool = True
+    """The domain policy (wiki) as the system prompt; False puts a one-line system prompt
+    (a tiny model cannot read the policy, and SFT steps are cheaper without it)."""
+    user_model: str | None = None
+    """litellm user model (e.g. openai/gpt-4o-mini, or local to use the engines); None: scripted."""
+    user_retries: int = 30
+    """User-simulator LLM retries (TAU_USER_LITELLM_RETRIES)."""
+    user_retry_delay: float = 2.0
+    """Seconds between retries (TAU_USER_LITELLM_RETRY_DELAY)."""
+
+    def __post_init__(self) -> None:
+        if self.benchmark not in ("tau", "tau2"):
+            raise ValueError(f"benchmark must be tau or tau2, got {self.benchmark!r}")
+
 
 SHORT_SYSTEM_PROMPT = "You are a retail customer service agent. Help the user with the tools."
 """System prompt in place of the policy when ``policy_in_prompt`` is off."""
@@ -54,11 +113,6 @@ class TaskData:
         return gold_conversation(self.domain, task, self.domain.wiki)
 
 
-def tau_bench_dir(settings: TauSettings) -> Path | None:
-    """The tau-bench folder from the settings, or None for the synthetic domain."""
-    return Path(settings.tau_bench_dir) if settings.tau_bench_dir else None
-
-
 def _split(tasks: list[Task], num_heldout: int) -> tuple[list[Task], list[Task]]:
     if num_heldout < 0 or num_heldout >= len(tasks):
         raise ValueError(f"num_heldout must be in [0, {len(tasks)}), got {num_heldout}")
@@ -66,7 +120,7 @@ def _split(tasks: list[Task], num_heldout: int) -> tuple[list[Task], list[Task]]
     return tasks[:cut], tasks[cut:]
 
 
-def load_tasks_and_domain(settings: TauSettings) -> TaskData:
+def load_tasks_and_domain(settings: TauTaskConfig) -> TaskData:
     """Build the run's domain and tasks.
 
     Raises:
@@ -84,17 +138,16 @@ def load_tasks_and_domain(settings: TauSettings) -> TaskData:
     return data
 
 
-def _load(settings: TauSettings) -> TaskData:
+def _load(settings: TauTaskConfig) -> TaskData:
     if settings.benchmark == "tau2":
         return load_tau2(settings)
     if settings.domain == "synthetic":
         return synthetic_tasks(settings)
     if settings.domain not in ("retail", "airline"):
         raise ValueError(f"domain must be retail, airline or synthetic, got {settings.domain!r}")
-    root = tau_bench_dir(settings)
-    if root is None:
+    if not settings.tau_bench_dir:
         raise ValueError(f"domain {settings.domain!r} needs --tau-bench-dir")
-    folder = root / settings.domain
+    folder = Path(settings.tau_bench_dir) / settings.domain
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} not found (expected <tau-bench-dir>/{settings.domain})")
     domain = TauDomain.from_dir(settings.domain, folder)
@@ -110,7 +163,7 @@ def _load(settings: TauSettings) -> TaskData:
     return TaskData(domain, train, heldout, f"tau-bench {settings.domain} ({task_file.name})")
 
 
-def load_tau2(settings: TauSettings) -> TaskData:
+def load_tau2(settings: TauTaskConfig) -> TaskData:
     """tau2-bench: ``--split`` (train) trained, the test split (its first ``num_heldout``, or
     all with 0) held out; tasks gated by NL assertions need ``--judge-model``."""
     if settings.tau2_dir is None:
@@ -147,7 +200,7 @@ def load_tau2(settings: TauSettings) -> TaskData:
     return TaskData(domain, train, heldout, label)
 
 
-def synthetic_tasks(settings: TauSettings) -> TaskData:
+def synthetic_tasks(settings: TauTaskConfig) -> TaskData:
     """The generated mini-retail domain with ``synthetic_num_tasks`` tasks of the chosen kinds.
 
     With every kind, the generator's tasks as drawn. With a subset, the chosen kinds from
@@ -191,7 +244,7 @@ def synthetic_tasks(settings: TauSettings) -> TaskData:
     return TaskData(generated.domain(), train, heldout, label)
 
 
-def extra_store_conversations(settings: TauSettings, stores: int) -> list[list[dict[str, Any]]]:
+def extra_store_conversations(settings: TauTaskConfig, stores: int) -> list[list[dict[str, Any]]]:
     """Gold conversations of ``stores`` other synthetic stores (seeds after the run's own).
 
     Each store has its own customers, orders and tasks of the run's kinds (every task of it,
@@ -201,10 +254,66 @@ def extra_store_conversations(settings: TauSettings, stores: int) -> list[list[d
     return [c for offset in range(1, stores + 1) for c in store_conversations(settings, offset)]
 
 
-def store_conversations(settings: TauSettings, offset: int) -> list[list[dict[str, Any]]]:
+def store_conversations(settings: TauTaskConfig, offset: int) -> list[list[dict[str, Any]]]:
     """Gold conversations of the synthetic store ``offset`` seeds after the run's own."""
     other = dataclasses.replace(
         settings, synthetic_seed=settings.synthetic_seed + 1000 * offset, num_heldout=0
     )
     data = load_tasks_and_domain(other)
     return [data.conversation(t) for t in data.train]
+
+
+def tool_schemas(data: TaskData, short: bool, in_prompt: bool = True) -> list[dict[str, Any]]:
+    """Tools shown to the model: the synthetic domain shows only those its tasks use; none
+    when ``in_prompt`` is off (the model calls the domain's tools all the same)."""
+    if not in_prompt:
+        return []
+    schemas = data.domain.schemas
+    if data.source.startswith("synthetic"):
+        used = {a.name for t in data.train + data.heldout for a in t.actions}
+        used.add("transfer_to_human_agents")
+        schemas = [s for s in schemas if s["function"]["name"] in used]
+    return short_tool_schemas(schemas) if short else list(schemas)
+
+
+def _llm(settings: TauTaskConfig, model: str, engine_urls: Sequence[str], **extra: Any) -> Any:
+    """litellm settings for ``model`` ('local': the policy engines, as vime does)."""
+    from turnrl.tool_envs.user_sim import LiteLLMUserConfig
+
+    api_base = None
+    if model == "local":
+        model, api_base = "openai/policy", f"{engine_urls[0]}/v1"
+    return LiteLLMUserConfig(
+        model=model,
+        api_base=api_base,
+        max_retries=settings.user_retries,
+        backoff_s=settings.user_retry_delay,
+        **extra,
+    )
+
+
+def user_factory(
+    settings: TauTaskConfig, engine_urls: Sequence[str]
+) -> Callable[[], UserSimulator]:
+    """Scripted users by default; an LLM user through litellm with ``user_model``."""
+    if settings.user_model is None:
+        return TaskUser
+    from turnrl.tool_envs.user_sim import LiteLLMUser
+
+    config = _llm(settings, settings.user_model, engine_urls)
+    if settings.benchmark == "tau2" and settings.tau2_dir:  # tau2's own user guidelines
+        from turnrl.tool_envs.tau2.llm import user_prompt
+
+        config.system_prompt = user_prompt(
+            settings.tau2_dir, with_tools=settings.domain == "telecom"
+        )
+    return lambda: LiteLLMUser(config)
+
+
+def judge(settings: TauTaskConfig, engine_urls: Sequence[str]) -> Any:
+    """tau2's NL-assertion judge (``judge_model``; ``local``: the engines), or None."""
+    if settings.benchmark != "tau2" or settings.judge_model is None:
+        return None
+    from turnrl.tool_envs.tau2.llm import LiteLLMJudge
+
+    return LiteLLMJudge(_llm(settings, settings.judge_model, engine_urls, max_tokens=2048))
