@@ -1,79 +1,13 @@
-"""DAPO in the RL stage: overlong shaping, what the dynamic sampling filter compares, the
-per-step group counts and console lines, and the config/CLI switches (including bad values).
-The filter itself is grpo-core's RolloutManager (its tests, and the app's vllm smoke run)."""
+"""DAPO in the RL stage: its console lines and the config/CLI switches (including bad values).
+The shaping and filter values are tool-envs' (``turnrl.tool_envs.dapo``), the filter
+grpo-core's RolloutManager (their tests, and the app's vllm smoke run)."""
 
 from __future__ import annotations
 
 import pytest
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.config import RLStageConfig, preset
-from turnrl_app_retool.dapo import (
-    StepStats,
-    filter_value,
-    group_reward,
-    overlong_config,
-    shaped_rewards,
-)
+from turnrl_app_retool.config import preset
 from turnrl_app_retool.rl import step_line
-
-from turnrl.tool_envs.trajectory import Trajectory
-
-
-def episode(group: str, correct: bool, model_tokens: int = 4, tool_tokens: int = 2) -> Trajectory:
-    """A scored ReTool-like trajectory: ``model_tokens`` policy tokens then tool tokens."""
-    mask = [1] * model_tokens + [0] * tool_tokens
-    t = Trajectory(
-        prompt_ids=[1, 2],
-        response_ids=[5] * len(mask),
-        loss_mask=mask,
-        rollout_logprobs=[-0.5 * m for m in mask],
-        group_id=group,
-    )
-    t.reward = 1.0 if correct else -0.9
-    t.reward_breakdown = {"correct": float(correct)}
-    return t
-
-
-def test_overlong_penalty_counts_model_tokens_only() -> None:
-    rl = RLStageConfig(max_response_length=100, overlong_buffer_len=20, overlong_penalty_factor=0.5)
-    config = overlong_config(rl)
-    short = episode("g", True, model_tokens=80, tool_tokens=500)  # tool output is not the model's
-    ramp = episode("g", True, model_tokens=90)
-    over = episode("g", False, model_tokens=130)
-    assert shaped_rewards([short, ramp, over], config) == pytest.approx([1.0, 0.75, -1.4])
-    assert ramp.reward_breakdown["overlong"] == pytest.approx(-0.25)
-
-
-def test_overlong_off_leaves_rewards_alone() -> None:
-    assert overlong_config(RLStageConfig()) is None
-    samples = [episode("g", True, model_tokens=10_000), episode("g", False)]
-    assert shaped_rewards(samples, None) == [1.0, -0.9]
-
-
-def test_filter_values_and_step_stats() -> None:
-    samples = [episode("a", True), episode("a", False), episode("b", False), episode("b", False)]
-    samples[3].reward = -0.8  # same accuracy, a different tool-use reward
-    assert [filter_value("acc")(s) for s in samples] == [1.0, 0.0, 0.0, 0.0]
-    assert [filter_value("reward")(s) for s in samples] == [1.0, -0.9, -0.9, -0.8]
-    stats = StepStats()
-    stats.add(samples[:2])
-    stats.add(samples[2:])
-    taken = stats.take()
-    assert taken["rollout/acc_mean_all"] == 0.25
-    assert taken["rollout/reward_mean_all"] == pytest.approx((1.0 - 0.9 - 0.9 - 0.8) / 4)
-    assert stats.take()["rollout/acc_mean_all"] == 0.0  # each step counts afresh
-    with pytest.raises(ValueError, match="filter metric"):
-        filter_value("score")
-
-
-async def test_the_group_reward_shapes_sets_and_counts() -> None:
-    rl = RLStageConfig(max_response_length=100, overlong_buffer_len=20)
-    stats = StepStats()
-    group = [episode("g", True, model_tokens=130), episode("g", True)]
-    assert await group_reward(rl, stats)(group) == pytest.approx([0.0, 1.0])
-    assert [s.reward for s in group] == pytest.approx([0.0, 1.0])  # what the filter sees
-    taken = stats.take()
-    assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/reward_mean_all"] == 0.5
 
 
 def test_step_lines_say_what_the_filter_did() -> None:

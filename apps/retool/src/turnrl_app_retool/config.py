@@ -30,9 +30,7 @@ from turnrl.grpo_core.recipe.schema import (
 )
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
-
-FILTER_METRICS = ("acc", "reward")
-"""What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
+from turnrl.tool_envs.dapo import FILTER_METRICS
 
 
 @dataclass

@@ -3,7 +3,7 @@
 :func:`run_rl_stage` drives ``turnrl.grpo_core.loop.GRPOLoop`` whose rollout is grpo-core's
 ``RolloutManager``: each step's groups (``rollout_batch_size`` prompts, or with DAPO's dynamic
 sampling rounds of ``gen_batch_size`` more until enough groups vary,
-:mod:`turnrl_app_retool.dapo`) run as episodes with the sandbox, scored as they finish; a
+:mod:`turnrl.tool_envs.dapo`) run as episodes with the sandbox, scored as they finish; a
 dead engine's episodes re-run, leftovers are aborted. Then learn (advantages, policy update,
 weights pushed to the engines). Rewards are ReTool's, plus DAPO's overlong penalty when
 ``rl.overlong_buffer_len > 0``. Each step is logged to the run folder and printed as one
@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from turnrl.tool_envs.dapo import StepStats, filter_value, group_reward, overlong_config
 from turnrl.tool_envs.math_data import MathTask
 from turnrl.tool_envs.retool_episodes import run_task
 from turnrl_app_retool.config import RetoolAppConfig
-from turnrl_app_retool.dapo import StepStats, filter_value, group_reward
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.driver import Run
@@ -97,9 +97,12 @@ async def run_rl_stage(
     async def episode(task: MathTask, index: int, group: str, session: str) -> Any:
         return await run_task(router, rl_settings, task, group, index, session)
 
+    overlong = overlong_config(
+        rl.max_response_length, rl.overlong_buffer_len, rl.overlong_penalty_factor
+    )
     manager = RolloutManager(
         episode,
-        group_reward(rl, stats),
+        group_reward(overlong, stats),
         router,
         RolloutManagerConfig(
             max_concurrency=rl.max_inflight,

@@ -1,14 +1,11 @@
-"""DAPO in the ReTool app's RL stage: overlong reward shaping, and what the dynamic sampling
-filter compares.
+"""DAPO on scored episodes: overlong reward shaping, and what the dynamic sampling filter
+compares (DAPO's, and verl's ``recipe/dapo``).
 
-Both are DAPO's (and verl's ``recipe/dapo``) and both are switched by the RL config:
-
-- **Overlong shaping** (``rl.overlong_buffer_len > 0``): every sample's reward gets
-  :func:`turnrl.rewards.overlong.overlong_penalty_from_mask` added — zero up to
-  ``max_response_length - overlong_buffer_len`` model tokens, then a linear ramp to
-  ``-overlong_penalty_factor`` at ``max_response_length``. Only tokens the policy wrote count
-  (the interpreter's output does not).
-- **Dynamic sampling** (``rl.dynamic_sampling``) is grpo-core's ``RolloutManager`` filter:
+- **Overlong shaping** (an :class:`~turnrl.rewards.overlong.OverlongConfig`): every sample's
+  reward gets :func:`turnrl.rewards.overlong.overlong_penalty_from_mask` added — zero up to
+  ``max_len - buffer_len`` model tokens, then a linear ramp to ``-penalty_factor`` at
+  ``max_len``. Only tokens the policy wrote count (tool output does not).
+- **Dynamic sampling** is grpo-core's ``RolloutManager`` filter:
   groups whose :func:`filter_value` (``acc``: correctness, or ``reward``) is the same for
   every sample carry zero GRPO advantage and are dropped, and rounds of ``gen_batch_size``
   more prompts run until ``rollout_batch_size`` groups vary. verl stops the run when
@@ -26,18 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnrl.rewards.overlong import OverlongConfig, overlong_penalty_from_mask
-from turnrl_app_retool.config import FILTER_METRICS, RLStageConfig
+
+FILTER_METRICS = ("acc", "reward")
+"""What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
 
 
-def overlong_config(rl: RLStageConfig) -> OverlongConfig | None:
-    """The overlong penalty settings of ``rl``; None when shaping is off (buffer 0)."""
-    if rl.overlong_buffer_len <= 0:
+def overlong_config(max_len: int, buffer_len: int, penalty_factor: float) -> OverlongConfig | None:
+    """The overlong penalty settings; None when shaping is off (``buffer_len`` 0)."""
+    if buffer_len <= 0:
         return None
-    return OverlongConfig(
-        max_len=rl.max_response_length,
-        buffer_len=rl.overlong_buffer_len,
-        penalty_factor=rl.overlong_penalty_factor,
-    )
+    return OverlongConfig(max_len=max_len, buffer_len=buffer_len, penalty_factor=penalty_factor)
 
 
 def shaped_rewards(samples: Sequence[Any], config: OverlongConfig | None) -> list[float]:
@@ -57,10 +52,9 @@ def shaped_rewards(samples: Sequence[Any], config: OverlongConfig | None) -> lis
     return out
 
 
-def group_reward(rl: RLStageConfig, stats: StepStats) -> Callable[[list[Any]], Any]:
-    """The manager's group reward: ReTool's (set by the episode) plus the overlong penalty,
-    each group's samples counted in ``stats``."""
-    overlong = overlong_config(rl)
+def group_reward(overlong: OverlongConfig | None, stats: StepStats) -> Callable[[list[Any]], Any]:
+    """A ``RolloutManager`` group reward: the reward each episode was scored with plus the
+    overlong penalty, each group's samples counted in ``stats``."""
 
     async def reward(group: list[Any]) -> list[float]:
         for sample, value in zip(group, shaped_rewards(group, overlong), strict=True):

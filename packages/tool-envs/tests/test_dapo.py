@@ -1,0 +1,73 @@
+"""DAPO on scored episodes: overlong shaping (model tokens only), what the dynamic sampling
+filter compares, and the per-step counts. The filter itself is grpo-core's RolloutManager
+(its tests, and apps/retool's vllm smoke run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnrl.tool_envs.dapo import (
+    StepStats,
+    filter_value,
+    group_reward,
+    overlong_config,
+    shaped_rewards,
+)
+from turnrl.tool_envs.trajectory import Trajectory
+
+
+def episode(group: str, correct: bool, model_tokens: int = 4, tool_tokens: int = 2) -> Trajectory:
+    """A scored ReTool-like trajectory: ``model_tokens`` policy tokens then tool tokens."""
+    mask = [1] * model_tokens + [0] * tool_tokens
+    t = Trajectory(
+        prompt_ids=[1, 2],
+        response_ids=[5] * len(mask),
+        loss_mask=mask,
+        rollout_logprobs=[-0.5 * m for m in mask],
+        group_id=group,
+    )
+    t.reward = 1.0 if correct else -0.9
+    t.reward_breakdown = {"correct": float(correct)}
+    return t
+
+
+def test_overlong_penalty_counts_model_tokens_only() -> None:
+    config = overlong_config(100, 20, 0.5)
+    short = episode("g", True, model_tokens=80, tool_tokens=500)  # tool output is not the model's
+    ramp = episode("g", True, model_tokens=90)
+    over = episode("g", False, model_tokens=130)
+    assert shaped_rewards([short, ramp, over], config) == pytest.approx([1.0, 0.75, -1.4])
+    assert ramp.reward_breakdown["overlong"] == pytest.approx(-0.25)
+
+
+def test_overlong_off_leaves_rewards_alone() -> None:
+    assert overlong_config(100, 0, 1.0) is None
+    samples = [episode("g", True, model_tokens=10_000), episode("g", False)]
+    assert shaped_rewards(samples, None) == [1.0, -0.9]
+
+
+def test_filter_values_and_step_stats() -> None:
+    samples = [episode("a", True), episode("a", False), episode("b", False), episode("b", False)]
+    samples[3].reward = -0.8  # same accuracy, a different tool-use reward
+    assert [filter_value("acc")(s) for s in samples] == [1.0, 0.0, 0.0, 0.0]
+    assert [filter_value("reward")(s) for s in samples] == [1.0, -0.9, -0.9, -0.8]
+    stats = StepStats()
+    stats.add(samples[:2])
+    stats.add(samples[2:])
+    taken = stats.take()
+    assert taken["rollout/acc_mean_all"] == 0.25
+    assert taken["rollout/reward_mean_all"] == pytest.approx((1.0 - 0.9 - 0.9 - 0.8) / 4)
+    assert stats.take()["rollout/acc_mean_all"] == 0.0  # each step counts afresh
+    with pytest.raises(ValueError, match="filter metric"):
+        filter_value("score")
+
+
+async def test_the_group_reward_shapes_sets_and_counts() -> None:
+    stats = StepStats()
+    group = [episode("g", True, model_tokens=130), episode("g", True)]
+    assert await group_reward(overlong_config(100, 20, 1.0), stats)(group) == pytest.approx(
+        [0.0, 1.0]
+    )
+    assert [s.reward for s in group] == pytest.approx([0.0, 1.0])  # what the filter sees
+    taken = stats.take()
+    assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/reward_mean_all"] == 0.5
