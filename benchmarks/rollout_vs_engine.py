@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from turnrl_app_tau.config import preset
-from turnrl_app_tau.main import rollout_config
-from turnrl_app_tau.training import build_policy, engine_spec
+from turnrl_app_tau.stages import engine_spec, rollout_config
 
 from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
 from turnrl.grpo_core.recipe.engines import start_local_engines
+from turnrl.grpo_core.recipe.model import policy_start
 from turnrl.grpo_core.recipe.schema import router_config
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import Generation, SamplingParams
@@ -147,7 +147,8 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config.seed = args.seed
     config.model.hf_checkpoint = args.hf_checkpoint
     data = load_tasks_and_domain(config.tau)
-    policy = build_policy(config, work)
+    positions = max(4096, config.rollout.rollout_max_context_len)
+    policy = policy_start(config, work / "model" / "base", max_positions=positions)
     servers = start_local_engines(engine_spec(config, policy), 1, work / "logs")
     try:
         urls = [s.url for s in servers]

@@ -7,8 +7,7 @@ from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.main import rollout_config
-from turnrl_app_tau.training import prefix
+from turnrl_app_tau.stages import prefix, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer

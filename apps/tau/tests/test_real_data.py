@@ -13,7 +13,7 @@ from tau_paths import TAU_BENCH_DIR
 from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.main import rollout_config
+from turnrl_app_tau.stages import rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer

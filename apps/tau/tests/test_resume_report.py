@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import step_line, trajectory_text, verdict
-from turnrl_app_tau.training import SFT_DONE, build_policy, sft_warm_up
+from turnrl_app_tau.report import console, step_line, trajectory_text, verdict
+from turnrl_app_tau.stages import TauStages
 
 from turnrl.grpo_core.recipe import load_progress
+from turnrl.grpo_core.recipe.sft import SFT_DONE
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
-from turnrl.tool_envs.tau_data import load_tasks_and_domain
+from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
 
 
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
@@ -60,16 +62,32 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(tmp_path: Path) -> None:
     assert (tmp_path / "config.json").read_text() == '{"preset": "earlier"}'  # not rewritten
 
 
-def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
-    config = preset("smoke")
-    base = build_policy(config, tmp_path)
-    assert build_policy(config, tmp_path, reuse=True) == base
+def _sft_stage(config: Any, folder: Path, resume: bool = False) -> tuple[Path, Any]:
+    """The shared SFT stage with the app's data (``recipe.stages.sft_stage``), in ``folder``."""
+    from turnrl.grpo_core.recipe.driver import open_run
+    from turnrl.grpo_core.recipe.model import policy_start
+    from turnrl.grpo_core.recipe.stages import sft_stage
+
+    config.run_dir = str(folder)
     data = load_tasks_and_domain(config.tau)
+    tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
+    with open_run("tau", config, resume=resume, console=console) as run:
+        base = policy_start(config, folder / "model" / "base", reuse=resume)
+        return sft_stage(run, TauStages(run.config, data, tools, run.logger), base)
+
+
+def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
+    from turnrl.grpo_core.recipe.model import policy_start
+
+    config = preset("smoke")
+    base = policy_start(config, tmp_path / "model" / "base")
+    assert policy_start(config, tmp_path / "model" / "base", reuse=True) == base
     sft = tmp_path / "model" / "sft"
     sft.mkdir(parents=True)
-    (sft / SFT_DONE).write_text(json.dumps({"steps": 6, "loss_first": 7.0, "loss_last": 5.0}))
-    # No training happens: the tools argument is never read when the SFT model is reused.
-    assert sft_warm_up(config, base, data, [], tmp_path, reuse=True) == sft
+    record = {"steps": 6, "loss_first": 7.0, "loss_last": 5.0}
+    (sft / SFT_DONE).write_text(json.dumps(record))
+    # No training happens: a resumed run reuses the complete SFT model.
+    assert _sft_stage(config, tmp_path, resume=True) == (sft, record)
 
 
 def test_synthetic_kinds_parse_as_a_comma_list() -> None:
@@ -138,15 +156,10 @@ def test_sft_stops_on_its_probe_or_time_bound(
 ) -> None:
     import dataclasses
 
-    from turnrl.tool_envs.tau_data import tool_schemas
-
     config = preset("smoke")
     config.sft = dataclasses.replace(config.sft, probe_size=4, **settings)
-    base = build_policy(config, tmp_path)
-    data = load_tasks_and_domain(config.tau)
-    tools = tool_schemas(data, config.rollout.short_tools, config.rollout.tools_in_prompt)
-    folder = sft_warm_up(config, base, data, tools, tmp_path)
-    record = json.loads((folder / SFT_DONE).read_text())
+    folder, record = _sft_stage(config, tmp_path)
+    assert json.loads((folder / SFT_DONE).read_text()) == record
     assert record["steps"] == steps and stop in record["stop"]
     assert [s for s, _ in record["probes"]] == [2 + 2 * k for k in range(1, num_probes + 1)]
     assert all(rate == 0.0 for _, rate in record["probes"])

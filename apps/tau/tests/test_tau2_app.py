@@ -12,7 +12,7 @@ import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, preset
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.main import rollout_config
+from turnrl_app_tau.stages import rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -189,7 +189,7 @@ def test_telecom_loads_with_an_llm_user_and_its_gold_chats_ask_the_user_to_act()
 
 def test_engines_parse_tool_calls_only_when_they_play_telecoms_user(tmp_path: Path) -> None:
     from turnrl_app_tau.config import TauAppConfig
-    from turnrl_app_tau.training import engine_spec
+    from turnrl_app_tau.stages import engine_spec
 
     def args(**tau: Any) -> list[str]:
         config = dataclasses.replace(TauAppConfig(), tau=TauSettings(benchmark="tau2", **tau))

@@ -95,6 +95,8 @@ class Run(Generic[C]):
     """Where the run's lines go."""
     started: float = dataclasses.field(default_factory=time.perf_counter)
     """``time.perf_counter()`` when the run was opened."""
+    resumed: bool = False
+    """Whether the run continues an earlier one of its folder (``--resume``)."""
 
     def seconds(self) -> float:
         """Wall-clock seconds since the run was opened."""
@@ -156,7 +158,7 @@ def open_run(
     trackers = make_trackers(config.logger, folder, f"turnrl-{app}", folder.name, data)
     logger = StepLogger(folder, console=False, trackers=trackers)
     try:
-        yield Run(folder, config, progress, logger, Phases(console), console, started)
+        yield Run(folder, config, progress, logger, Phases(console), console, started, resume)
     finally:
         logger.close()
 

@@ -1,0 +1,207 @@
+"""What the tau app gives grpo-core's ``recipe.stages.run_stages``.
+
+- SFT data: every training task's gold conversation (``turnrl.tool_envs.tau_data``), with
+  other synthetic stores' and a curriculum of short prefixes first; the probe stop on a store
+  SFT never sees (synthetic) or the last training conversations.
+- Engines: ``schema.engine_spec``; playing tau2 telecom's user they also parse tool calls.
+- While the engines serve: held-out evaluation (task reward, pass^k, shaped reward) and the
+  rollout: episodes with the user simulator under grpo-core's ``RolloutManager`` (groups
+  scored as they finish, a dead engine's episodes re-run, leftovers aborted), or the
+  ``--custom-generate-function-path`` hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
+from turnrl.grpo_core.recipe import schema
+from turnrl.grpo_core.recipe.stages import Rollout, SFTData
+from turnrl.rollout_router.engine import EngineSpec
+from turnrl.rollout_router.router import Router
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.protocol import SamplingParams
+from turnrl.tool_envs.rollout import RolloutConfig
+from turnrl.tool_envs.tau_data import (
+    TaskData,
+    extra_store_conversations,
+    judge,
+    store_conversations,
+    user_factory,
+)
+from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
+from turnrl.tool_envs.trajectory import TrajectoryLimits
+from turnrl_app_tau.config import TauAppConfig
+from turnrl_app_tau.episodes import evaluate
+from turnrl_app_tau.report import console, step_line, trajectory_text
+
+
+def rollout_config(
+    config: TauAppConfig, temperature: float | None = None, max_inflight: int | None = None
+) -> RolloutConfig:
+    """The episode settings from the app config."""
+    r = config.rollout
+    return RolloutConfig(
+        sampling=SamplingParams(
+            temperature=r.rollout_temperature if temperature is None else temperature,
+            max_tokens=r.rollout_max_response_len,
+        ),
+        limits=TrajectoryLimits(
+            max_context_tokens=r.rollout_max_context_len,
+            max_turn_tokens=r.rollout_max_response_len,
+            max_turns=r.max_turns,
+        ),
+        max_inflight=max_inflight or r.max_inflight,
+    )
+
+
+def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    """``messages`` cut right after the ``turns``-th assistant message (all if fewer)."""
+    seen = 0
+    for index, message in enumerate(messages):
+        seen += message["role"] == "assistant"
+        if seen == turns:
+            return messages[: index + 1]
+    return list(messages)
+
+
+def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
+    """One inference engine serving ``model`` (``turnrl.grpo_core.recipe.schema``)."""
+    t, extra = config.tau, []
+    if t.user_model == "local" and t.benchmark == "tau2" and t.domain == "telecom":
+        # The engines also play telecom's user, who calls the phone's tools: the chat route
+        # must parse tool calls (Qwen3 writes hermes-style <tool_call> blocks).
+        args = config.engine.extra_args
+        if "--enable-auto-tool-choice" not in args:
+            extra.append("--enable-auto-tool-choice")
+        if not any(a.startswith("--tool-call-parser") for a in args):
+            extra += ["--tool-call-parser", "hermes"]
+    spec: EngineSpec = schema.engine_spec(
+        config, model, config.rollout.rollout_max_context_len, extra
+    )
+    return spec
+
+
+def trainer_config(config: TauAppConfig, policy: Path) -> Any:
+    """What every GRPO trainer builds from ``policy`` (``schema.trainer_config``)."""
+    return schema.trainer_config(config, policy, temperature=config.rollout.rollout_temperature)
+
+
+class TauStages:
+    """The tau app's part of a run (``recipe.stages.App``)."""
+
+    def __init__(
+        self, config: TauAppConfig, data: TaskData, tools: list[dict[str, Any]], logger: Any
+    ) -> None:
+        self.config, self.data, self.tools, self.logger = config, data, tools, logger
+        self.max_positions = max(4096, config.rollout.rollout_max_context_len)
+        self.sampling = {"temperature": config.rollout.rollout_temperature}
+        self.rl_enabled = True
+
+    def sft_data(self) -> SFTData | None:
+        """Gold conversations of the training tasks (and of other synthetic stores)."""
+        t, sft, data = self.config.tau, self.config.sft, self.data
+        if not data.train:
+            return None
+        chats = [data.conversation(task) for task in data.train]
+        if t.sft_extra_stores and t.domain == "synthetic":
+            chats += extra_store_conversations(t, t.sft_extra_stores)
+        elif t.sft_extra_stores:
+            console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic only)")
+        probe: list[list[dict[str, Any]]] = []
+        if sft.probe_target:
+            if t.domain == "synthetic":  # a store SFT never sees
+                probe = store_conversations(t, t.sft_extra_stores + 1)[: sft.probe_size]
+            else:  # the last training conversations, left out of SFT
+                chats, probe = chats[: -sft.probe_size], chats[-sft.probe_size :]
+        # A curriculum: the first turns of every conversation, then all of it.
+        prefixes = [prefix(chat, t.sft_prefix_turns) for chat in chats]
+        first = [(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size)]
+        return SFTData(chats, probe, self.tools, first if t.sft_prefix_steps else [])
+
+    def engine_spec(self, model: Path) -> EngineSpec:
+        return engine_spec(self.config, model)
+
+    @contextlib.asynccontextmanager
+    async def serving(
+        self, policy: Path, urls: list[str], router: Router
+    ) -> AsyncIterator[TauServing]:
+        episodes = TauEpisodes(
+            router,
+            ChatTokenizer.from_dir(policy),
+            self.data.domain,
+            self.tools,
+            rollout_config(self.config),
+            user_factory(self.config.tau, urls),
+            judge=judge(self.config.tau, urls),
+        )
+        yield TauServing(self.config, self.data, episodes, router, self.logger)
+
+
+class TauServing:
+    """Held-out evaluation and the rollout over the engines (``recipe.stages.Serving``)."""
+
+    def __init__(
+        self,
+        config: TauAppConfig,
+        data: TaskData,
+        episodes: TauEpisodes,
+        router: Router,
+        logger: Any,
+    ) -> None:
+        self.config, self.data, self.episodes = config, data, episodes
+        self.router, self.logger = router, logger
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        t = self.config.tau
+        settings = rollout_config(self.config, t.eval_temperature, t.eval_concurrency)
+        tasks = self.data.heldout or self.data.train
+        metrics = await evaluate(self.episodes, tasks, t.eval_trials, settings)
+        if metrics["failed"]:
+            console.print(
+                f"[red]{metrics['failed']:.0%} of the episodes failed, e.g.: "
+                f"{self.episodes.last_error}[/red]"
+            )
+        return metrics
+
+    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
+        return {
+            f"val-core/tau/acc/mean@{self.config.tau.eval_trials}": record["success"],
+            "val-core/tau/reward_stderr": record["reward_stderr"],
+            "val-aux/shaped_reward/mean": record["shaped_reward"],
+            "val-aux/num_turns/mean": record["num_turns"],
+        }
+
+    def rollout(self) -> Rollout:
+        """Episodes under a ``RolloutManager`` (or the custom hook); two of each step's
+        episodes are logged as text."""
+        r, episodes = self.config.rollout, self.episodes
+        reward = load_function(r.custom_rm_path) if r.custom_rm_path else REWARDS[r.tau_reward]
+        if r.custom_generate_function_path:  # the hook rolls out; the loop scores its samples
+            generate = load_function(r.custom_generate_function_path)
+        else:  # groups scored as they finish, dead engines' episodes re-run, leftovers aborted
+            manager = RolloutManager(
+                lambda task, index, group, session: episodes.episode(
+                    task, group, index, None, session
+                ),
+                reward,
+                self.router,
+                RolloutManagerConfig(max_concurrency=r.max_inflight),
+            )
+            generate, reward = manager.generate, keep_rewards
+        shown: list[Any] = []
+
+        async def generate_and_keep(prompts: list[Any], n: int) -> list[Any]:
+            samples = await generate(prompts, n)
+            shown[:] = samples[:2]
+            return samples
+
+        def line(step: int, metrics: dict[str, float]) -> str:
+            if shown:
+                self.logger.log_samples(step, [trajectory_text(t) for t in shown])
+            return step_line(step, self.config.loop.num_rollout, metrics)
+
+        return Rollout(self.data.train, generate_and_keep, reward, line)

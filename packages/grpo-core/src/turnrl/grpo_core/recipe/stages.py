@@ -1,0 +1,262 @@
+"""The stages of a run, the same in both apps: model, SFT, engines, evaluation, RL, evaluation.
+
+:func:`run_stages` drives one opened :class:`~turnrl.grpo_core.recipe.driver.Run` through
+
+1. **model**: ``--hf-checkpoint``, or the tiny seeded Qwen3 built in ``model/base``; a
+   Megatron layout the model cannot take is refused here;
+2. **engines**, started in a worker thread while **SFT** trains in this one (the app's
+   conversations, :func:`~turnrl.grpo_core.recipe.sft.train_sft_on_chats`, exported to
+   ``model/sft``; reused when ``--resume`` finds it complete); on the Ray runner the trainer
+   ranks start from the SFT model, and the engines reload it;
+3. **evaluation before RL** (reused from ``progress.json`` on ``--resume``), the **RL** stage
+   (:func:`~turnrl.grpo_core.recipe.driver.build_rl` over the app's rollout, evaluated every
+   ``--eval-interval`` steps, the trained model exported to ``model/rl``), the **evaluation
+   after RL**,
+
+with every phase timed (``run.phases``). What differs between apps is an :class:`App`: its
+SFT conversations, its engines' settings, and, while the engines serve, its evaluation and
+rollout (:class:`Serving`). The app then writes its own summary from :class:`StagesResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from turnrl.grpo_core.recipe.sft import SFT_DONE, Chat
+
+if TYPE_CHECKING:
+    from turnrl.grpo_core.loop.loop import GRPOLoop
+    from turnrl.grpo_core.recipe.driver import Run
+    from turnrl.rollout_router.engine import EngineSpec
+    from turnrl.rollout_router.router import Router
+
+
+@dataclass
+class SFTData:
+    """The conversations the SFT stage trains on (``recipe.sft.train_sft_on_chats``)."""
+
+    chats: Sequence[Chat]
+    """Whole conversations."""
+    probe: Sequence[Chat] = ()
+    """Conversations SFT never trains on, for its probe stop."""
+    tools: list[dict[str, Any]] | None = None
+    """Tool schemas in the prompt."""
+    first: Sequence[tuple[int, Sequence[Chat], int]] = ()
+    """``(steps, chats, batch size)`` phases before the main one (e.g. short prefixes)."""
+
+
+@dataclass
+class Rollout:
+    """The RL stage's rollout, as ``GRPOLoop`` takes it."""
+
+    prompts: Sequence[Any]
+    """What the loop draws each step's prompts from."""
+    generate: Any
+    """``(prompts, n) -> samples``."""
+    reward: Any
+    """``(samples) -> rewards``."""
+    step_line: Callable[[int, dict[str, float]], str] | None = None
+    """The console line of a step (it may add metrics of the app's own to the dict)."""
+    on_loop: Callable[[GRPOLoop], None] | None = None
+    """Called with the built loop before it runs (e.g. DAPO's extra rounds draw from it)."""
+
+
+class Serving(Protocol):
+    """What an app does while the engines serve."""
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluate the held-out set at RL step ``step``; a JSON-ready record (what the
+        summary keeps, and ``progress.json`` for the evaluation before RL)."""
+
+    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
+        """The curves' points of an evaluation record (``val-core/...``)."""
+
+    def rollout(self) -> Rollout:
+        """The RL stage's rollout."""
+
+
+class App(Protocol):
+    """What an app gives :func:`run_stages`."""
+
+    max_positions: int
+    """Positions of the tiny model built when no ``--hf-checkpoint`` is given."""
+    sampling: dict[str, float]
+    """The rollouts' sampling the trainer computes log-probs under (``temperature``, and
+    ``top_p`` where set)."""
+    rl_enabled: bool
+    """Whether the RL stage runs (False: the evaluation before RL is also the one after)."""
+
+    def sft_data(self) -> SFTData | None:
+        """SFT's conversations; None when the app has none to train on."""
+
+    def engine_spec(self, model: Path) -> EngineSpec:
+        """One engine serving ``model`` (``schema.engine_spec`` with the app's settings)."""
+
+    def serving(
+        self, policy: Path, urls: list[str], router: Router
+    ) -> contextlib.AbstractAsyncContextManager[Serving]:
+        """Evaluation and rollout over ``router`` (the engines at ``urls``), serving
+        ``policy``; what it starts (a sandbox, users) stops at exit."""
+
+
+@dataclass
+class StagesResult:
+    """What :func:`run_stages` did."""
+
+    policy: Path
+    """The model RL started from (the SFT model, or the base)."""
+    urls: list[str]
+    """The engines."""
+    before: dict[str, Any] | None = None
+    """The evaluation before RL (``train``), or None."""
+    after: dict[str, Any] | None = None
+    """The evaluation after RL (that before RL when no RL step ran); the only one of
+    ``evaluate`` runs."""
+    history: list[dict[str, float]] = field(default_factory=list)
+    """Every RL step's metrics."""
+    sft: dict[str, Any] | None = None
+    """What SFT did (``sft.json``), when it ran or was reused."""
+
+
+def sft_stage(run: Run[Any], app: App, base: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The SFT model (``model/sft``) and its record; ``base`` and None when there is nothing
+    to train. A resumed run reuses a complete SFT model of its folder."""
+    from turnrl.grpo_core.recipe.sft import train_sft_on_chats
+
+    done = run.folder / "model" / "sft" / SFT_DONE
+    if run.resumed and done.is_file():
+        run.console.print(f"SFT: reusing {done.parent} (resumed run)")
+        return done.parent, json.loads(done.read_text())
+    data = app.sft_data() if run.config.sft.runs else None
+    if data is None or not data.chats:
+        run.console.print("SFT skipped")
+        return base, None
+    record = train_sft_on_chats(
+        run.config,
+        base,
+        data.chats,
+        data.probe,
+        done.parent,
+        tools=data.tools,
+        first=data.first,
+        console=run.console,
+        on_step=lambda step, metrics: run.logger(step, metrics, phase="sft"),
+    )
+    return done.parent, record
+
+
+async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesResult:
+    """The run's stages (module docstring); ``train=False`` only evaluates the starting
+    model (``result.after``)."""
+    from turnrl.grpo_core.recipe import schema
+    from turnrl.grpo_core.recipe.model import policy_start
+
+    config, phases = run.config, run.phases
+    on_ray = config.cluster.runner == "ray" and train
+    with contextlib.ExitStack() as stack:
+        with phases("model"):
+            base = policy_start(
+                config,
+                run.folder / "model" / "base",
+                max_positions=app.max_positions,
+                reuse=run.resumed,
+                console=run.console,
+            )
+            schema.check_model_split(config, base)
+        # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
+        fleet = schema.engines(config, app.engine_spec(base), run.folder / "logs", on_ray)
+        started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)
+        policy, sft = base, None
+        try:
+            if train:
+                with phases("sft"):
+                    policy, sft = sft_stage(run, app, base)
+        finally:
+            with phases("engine start (rest)"):
+                urls, job = await started
+        trainer = schema.trainer_config(config, policy, **app.sampling)
+        if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
+            with phases("trainers start"):
+                await asyncio.to_thread(job.start_trainers, trainer)
+        if policy != base:
+            await reload_engines(urls, policy, "0")
+        result = StagesResult(policy, urls, sft=sft)
+        await _serve(run, app, result, trainer, job, train)
+    return result
+
+
+async def _serve(
+    run: Run[Any], app: App, result: StagesResult, trainer: Any, job: Any, train: bool
+) -> None:
+    """Evaluation, RL, evaluation over the running engines (filled into ``result``)."""
+    from turnrl.grpo_core.recipe import schema
+    from turnrl.grpo_core.recipe.driver import build_rl
+    from turnrl.rollout_router.router import Router
+
+    config, phases = run.config, run.phases
+    async with (
+        Router(result.urls, schema.router_config(config)) as router,
+        app.serving(result.policy, result.urls, router) as serving,
+    ):
+
+        async def evaluated(label: str, step: int, log: bool = True) -> dict[str, Any]:
+            with phases(label):
+                record = await serving.evaluate(step)
+            if log:
+                run.logger(step, serving.scalars(record), phase="val")
+            return record
+
+        if not train:
+            result.after = await evaluated("eval", 0)
+            return
+        before = functools.partial(evaluated, "eval before RL", 0)
+        result.before = await run.once("before", "evaluation before RL", before)
+        if not app.rl_enabled:
+            result.after = result.before
+            return
+        num_rollout = config.loop.num_rollout
+
+        async def during_rl(step: int) -> dict[str, float]:
+            """The loop's hook every --eval-interval steps (the last: the evaluation after
+            RL); its points go into the step's metrics."""
+            if step >= num_rollout:
+                return {}
+            return serving.scalars(await evaluated("eval during RL", step, log=False))
+
+        with phases("rl"):
+            rollout = serving.rollout()
+            loop, stage = await build_rl(
+                run,
+                result.policy,
+                rollout.prompts,
+                rollout.generate,
+                rollout.reward,
+                trainer=trainer,
+                router=router,
+                urls=result.urls,
+                job=job,
+                temperature=app.sampling["temperature"],
+                evaluate=during_rl,
+                step_line=rollout.step_line,
+            )
+            if rollout.on_loop is not None:
+                rollout.on_loop(loop)
+            result.history = await stage.run(loop)
+            loop.trainer.export_hf(run.folder / "model" / "rl")
+        result.after = await evaluated("eval after RL", loop.step)
+
+
+async def reload_engines(urls: Sequence[str], folder: Path, version: str) -> None:
+    """Every engine at ``urls`` loads the weights in ``folder`` as ``version``."""
+    from turnrl.rollout_router.client import EngineClient
+
+    for url in urls:
+        async with EngineClient(url) as client:
+            await client.reload_weights(folder, weight_version=version)
