@@ -171,7 +171,7 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     """--train-backend megatron --tensor-model-parallel-size 2 on 4 Ray ranks: the RL
     trainer config is a MegatronEngineConfig with TP 2 and the recipe's settings. Where
     megatron-core is not installed the run is refused at start with the install line."""
-    from turnrl_app_retool.rl import trainer_config
+    from turnrl_app_retool.stages import trainer_config
 
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
     from turnrl.grpo_core.megatron.model import megatron_available

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import preset
-from turnrl_app_retool.rl import step_line
+from turnrl_app_retool.stages import step_line
 
 
 def test_step_lines_say_what_the_filter_did() -> None:

@@ -9,14 +9,9 @@ import pytest
 import requests
 from rich.console import Console
 from turnrl_app_retool.cli import resolve
-from turnrl_app_retool.main import (
-    Datasets,
-    accuracy,
-    make_summary,
-    results_table,
-    sandbox_url,
-    standard_errors,
-)
+from turnrl_app_retool.data import Datasets
+from turnrl_app_retool.main import accuracy, make_summary, results_table, standard_errors
+from turnrl_app_retool.stages import RetoolStages, sandbox_url
 
 
 def test_generated_datasets_keep_heldout_apart() -> None:
@@ -36,22 +31,24 @@ def test_generated_datasets_keep_heldout_apart() -> None:
 
 
 def test_sft_stops_at_the_probe_target_or_the_time_bound(tmp_path: Path) -> None:
-    from turnrl_app_retool.main import build_base_model, run_sft_stage
-
-    from turnrl.grpo_core.observe.logger import StepLogger
+    from turnrl.grpo_core.recipe.driver import open_run
+    from turnrl.grpo_core.recipe.model import policy_start
+    from turnrl.grpo_core.recipe.stages import sft_stage
 
     flags = ["--sft-steps", "6", "--sft-probe-target", "1", "--sft-probe-interval", "2"]
-    config, _ = resolve(["--smoke", *flags])
+    config, _ = resolve(["--smoke", *flags, "--run-dir", str(tmp_path)])
     data = Datasets(config, "Box it.")
-    base = build_base_model(config, tmp_path / "base")
-    logger = StepLogger(tmp_path, console=False, tensorboard=False)
-    _, record = run_sft_stage(config, base, data, tmp_path / "sft", Console(), logger)
-    assert record["steps"] == 6 and record["stop"] == "all steps done"
-    assert [step for step, _ in record["probes"]] == [2, 4, 6]
-    config.sft.max_seconds = 1e-3
-    _, record = run_sft_stage(config, base, data, tmp_path / "sft-timed", Console(), logger)
-    assert record["steps"] == 1 and record["stop"].startswith("time bound")
-    logger.close()
+    base = policy_start(config, tmp_path / "base")
+    with open_run("retool", config, resume=False, console=Console()) as run:
+        app = RetoolStages(run.config, data, run.logger)
+        _, record = sft_stage(run, app, base)
+        assert record is not None
+        assert record["steps"] == 6 and record["stop"] == "all steps done"
+        assert [step for step, _ in record["probes"]] == [2, 4, 6]
+        run.config.sft.max_seconds = 1e-3
+        _, record = sft_stage(run, app, base)  # trains again: a fresh run reuses nothing
+        assert record is not None
+        assert record["steps"] == 1 and record["stop"].startswith("time bound")
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # The untrained model reproduces no probe chat: all 6 steps, probed at 2, 4, 6; then the
     # time bound stops the second run after its first step.
@@ -110,7 +107,7 @@ def test_summary_reports_the_delta_honestly() -> None:
         "val-aux/tokens_per_s": 120.0,
     }
     assert accuracy(before) == 0.375
-    phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
+    phases = {"sft": 1.0, "eval before RL": 2.0, "rl": 3.0, "eval after RL": 4.0}
     history = [{"rollout/reward_mean": -0.9}, {"rollout/reward_mean": -0.5}]
     summary = make_summary(config, before, after, history, phases, 10.0)
     assert summary["acc_before"] == 0.375 and summary["acc_after"] == 0.25
@@ -148,7 +145,7 @@ def test_summary_and_table_carry_standard_errors() -> None:
         "val-aux/tokens_per_s": 1.0,
     }
     after = {**before, "val-core/a/acc/mean@2": 0.5}
-    phases = {"sft_s": 1.0, "eval_before_s": 2.0, "rl_s": 3.0, "eval_after_s": 4.0}
+    phases = {"sft": 1.0, "eval before RL": 2.0, "rl": 3.0, "eval after RL": 4.0}
     history = [
         {
             "rollout/reward_mean": 0.0,

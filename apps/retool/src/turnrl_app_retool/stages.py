@@ -1,0 +1,216 @@
+"""What the ReTool app gives grpo-core's ``recipe.stages.run_stages``.
+
+- SFT data: the ReTool-SFT chats (or generated ones) and the probe chats SFT never sees.
+- Engines: ``schema.engine_spec`` for prompt + response tokens, seeded by ``--seed``.
+- While the engines serve, the code sandbox (``--sandbox-url``, or turnrl's embedded one)
+  runs the model's code; :class:`RetoolServing` evaluates every validation set (accuracy
+  mean@k, turns) and rolls out GRPO, or DAPO when the config asks: each step's groups
+  (``rollout_batch_size`` prompts, or with dynamic sampling rounds of ``gen_batch_size``
+  more until enough groups vary, ``turnrl.tool_envs.dapo``) run as episodes with the sandbox
+  under grpo-core's ``RolloutManager``, scored as they finish (ReTool's reward, plus DAPO's
+  overlong penalty when ``rl.overlong_buffer_len > 0``); a dead engine's episodes re-run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
+from turnrl.grpo_core.recipe import schema
+from turnrl.grpo_core.recipe.stages import Rollout, SFTData
+from turnrl.rollout_router.engine import EngineSpec
+from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.dapo import StepStats, filter_value, group_reward, overlong_config
+from turnrl.tool_envs.retool import CODE_INTERPRETER
+from turnrl.tool_envs.retool_episodes import (
+    generations_text,
+    per_problem_accuracy,
+    run_task,
+    run_tasks,
+)
+from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+from turnrl_app_retool.config import RetoolAppConfig
+from turnrl_app_retool.data import Datasets
+from turnrl_app_retool.episodes import episode_settings, summarize
+
+VERL_ALIASES = {
+    "rollout/reward_mean": "critic/rewards/mean",
+    "rollout/response_len_mean": "response_length/mean",
+    "rollout/num_turns_mean": "num_turns/mean",
+}
+"""turnrl loop metric -> the verl name it is also logged under."""
+
+
+def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
+    """The engine config of each RL trainer rank (``schema.trainer_config``) sampling as
+    the rollouts do."""
+    return schema.trainer_config(
+        config, model_path, temperature=config.rl.temperature, top_p=config.rl.top_p
+    )
+
+
+@contextlib.contextmanager
+def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
+    """The external ``--sandbox-url``, or an embedded ``turnrl-sandbox serve`` for the run."""
+    if config.sandbox.url:
+        yield config.sandbox.url
+        return
+    from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
+
+    with EmbeddedSandbox(*(["--insecure"] if config.sandbox.insecure else [])) as sandbox:
+        yield sandbox.url
+
+
+class RetoolStages:
+    """The ReTool app's part of a run (``recipe.stages.App``)."""
+
+    max_positions = 4096
+
+    def __init__(self, config: RetoolAppConfig, datasets: Datasets, logger: Any) -> None:
+        self.config, self.datasets, self.logger = config, datasets, logger
+        self.sampling = {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
+        self.rl_enabled = config.rl.enabled
+
+    def sft_data(self) -> SFTData:
+        tools = [CODE_INTERPRETER] if self.config.data.tool_schema_in_prompt else None
+        return SFTData(self.datasets.sft_chats, self.datasets.probe_chats, tools)
+
+    def engine_spec(self, model: Path) -> EngineSpec:
+        rl = self.config.rl
+        length = rl.max_prompt_length + rl.max_response_length
+        spec: EngineSpec = schema.engine_spec(
+            self.config, model, length, ["--seed", str(self.config.seed)]
+        )
+        return spec
+
+    @contextlib.asynccontextmanager
+    async def serving(self, policy: Path, urls: list[str], router: Any) -> AsyncIterator[Any]:
+        box = self.config.sandbox
+        with sandbox_url(self.config) as url:
+            client = SandboxClient(
+                SandboxClientConfig(
+                    url=url,
+                    run_timeout=box.run_timeout,
+                    memory_limit_mb=box.memory_limit_mb,
+                    max_concurrency=box.max_concurrency,
+                )
+            )
+            chat = ChatTokenizer.from_dir(policy)
+            e = self.config.eval
+            settings = episode_settings(self.config, chat, client, e.temperature, e.top_p)
+            yield RetoolServing(self.config, self.datasets, settings, router, self.logger)
+
+
+class RetoolServing:
+    """Validation and the rollout over the engines (``recipe.stages.Serving``)."""
+
+    def __init__(
+        self,
+        config: RetoolAppConfig,
+        datasets: Datasets,
+        settings: Any,
+        router: Any,
+        logger: Any,
+    ) -> None:
+        self.config, self.datasets, self.settings = config, datasets, settings
+        self.router, self.logger = router, logger
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        """Every validation set: verl-named metrics, and each problem's accuracy per set
+        (for standard errors and paired deltas)."""
+        n = self.config.eval.n
+        metrics: dict[str, float] = {}
+        per_problem: dict[str, list[float]] = {}
+        start = time.perf_counter()
+        turns, tokens = [], 0.0
+        for source, tasks in self.datasets.val.items():
+            trajs = await run_tasks(
+                self.router, self.settings, tasks, n, group_prefix=f"val-{source}"
+            )
+            m = summarize(trajs, source, n)
+            per_problem[source] = per_problem_accuracy(trajs)
+            turns.append(m["val-aux/num_turns/mean"])
+            tokens += m["val-aux/generated_tokens"]
+            metrics.update(m)
+            self.logger.log_samples(
+                step, [generations_text(trajs, self.settings.chat)], f"val/{source}/generations"
+            )
+        seconds = time.perf_counter() - start
+        metrics["val-aux/num_turns/mean"] = sum(turns) / len(turns)
+        metrics["val-aux/seconds"] = seconds
+        metrics["val-aux/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+        return {"metrics": metrics, "per_problem": per_problem}
+
+    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
+        metrics: dict[str, float] = record["metrics"]
+        return metrics
+
+    def rollout(self) -> Rollout:
+        """Episodes with the sandbox under a ``RolloutManager`` (DAPO's filter and extra
+        rounds when asked); each step's console line says what the filter did."""
+        rl, router = self.config.rl, self.router
+        sampling = replace(
+            self.settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p
+        )
+        settings = replace(self.settings, rollout=replace(self.settings.rollout, sampling=sampling))
+        stats = StepStats()
+
+        async def episode(task: Any, index: int, group: str, session: str) -> Any:
+            return await run_task(router, settings, task, group, index, session)
+
+        overlong = overlong_config(
+            rl.max_response_length, rl.overlong_buffer_len, rl.overlong_penalty_factor
+        )
+        manager = RolloutManager(
+            episode,
+            group_reward(overlong, stats),
+            router,
+            RolloutManagerConfig(
+                max_concurrency=rl.max_inflight,
+                dynamic_filter=rl.dynamic_sampling,
+                over_sampling_batch_size=rl.gen_batch_size if rl.dynamic_sampling else None,
+                max_sampling_rounds=rl.max_num_gen_batches,
+                train_when_exhausted=True,
+            ),
+            filter_value=filter_value(rl.filter_metric),
+        )
+
+        def line(step: int, metrics: dict[str, float]) -> str:
+            metrics.update(stats.take())  # the same dict lands in the loop's history
+            # Also under verl's names, so curves line up with a verl ReTool run.
+            metrics.update({v: metrics[k] for k, v in VERL_ALIASES.items() if k in metrics})
+            return step_line(step, metrics, rl.dynamic_sampling)
+
+        def draw_from(loop: Any) -> None:  # DAPO's extra rounds draw from the loop's data
+            manager.prompt_source = loop.data.next
+
+        return Rollout(self.datasets.train, manager.generate, keep_rewards, line, draw_from)
+
+
+def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:
+    """The console line of one RL step (reward, accuracy, groups filtered, seconds)."""
+    line = (
+        f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
+        f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}"
+    )
+    if filtering:
+        line += (
+            f", groups kept {metrics.get('rollout/groups_kept', 0.0):.0f} / "
+            f"filtered {metrics.get('rollout/groups_filtered', 0.0):.0f} "
+            f"in {metrics.get('rollout/sampling_rounds', 1.0):.0f} round(s)"
+        )
+        if metrics.get("rollout/filter_exhausted"):
+            line += " (max rounds reached: short of informative groups)"
+    else:
+        line += (
+            f", groups with equal rewards {metrics.get('rollout/groups_uniform', 0.0):.0f}"
+            f" of {metrics.get('rollout/groups_generated', 0.0):.0f} (not filtered)"
+        )
+    if metrics.get("rollout/episode_retries"):
+        line += f", {metrics['rollout/episode_retries']:.0f} episode(s) re-run"
+    return line + f", {metrics.get('perf/step_s', 0.0):.1f}s"
