@@ -14,7 +14,7 @@ import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import console, step_line, trajectory_text, verdict
+from turnrl_app_tau.report import console, trajectory_text, verdict
 from turnrl_app_tau.stages import TauStages
 
 from turnrl.grpo_core.recipe import load_progress
@@ -163,10 +163,3 @@ def test_sft_stops_on_its_probe_or_time_bound(
     assert record["steps"] == steps and stop in record["stop"]
     assert [s for s, _ in record["probes"]] == [2 + 2 * k for k in range(1, num_probes + 1)]
     assert all(rate == 0.0 for _, rate in record["probes"])
-
-
-def test_step_line_says_when_episodes_were_re_run() -> None:
-    metrics = {"rollout/reward_mean": 0.5, "perf/rollout_s": 2.0, "rollout/episode_retries": 0.0}
-    assert "re-run" not in step_line(1, 40, metrics)
-    line = step_line(2, 40, {**metrics, "rollout/episode_retries": 3.0})
-    assert "reward 0.500" in line and "3 episode(s) re-run (engine failures)" in line

@@ -58,6 +58,13 @@ def test_step_line_skips_absent_metrics_and_adds_validation() -> None:
     assert line == "step 3 | reward 0.500 | aime_2025/acc/mean@30 0.290"
     assert format_step_line(0, {}) == "step 0"
     assert format_step_line(1, {"perf/sync_s": 150.0}) == "step 1 | time sync 150s"
+    busy = {"perf/rollout_s": 2.0, "rollout/engine_busy_frac": 0.456, "rollout/episode_retries": 3}
+    assert format_step_line(2, busy) == (
+        "step 2 | time rollout 2.0s (engines busy 46%) | 3 episode(s) re-run (engine failures)"
+    )
+    assert "re-run" not in format_step_line(2, {**busy, "rollout/episode_retries": 0.0})
+    line = format_step_line(2, {"train/mismatch_abs_diff": 0.00123})
+    assert line == "step 2 | engine/trainer |dlogp| 0.0012"
 
 
 def test_step_line_accepts_numpy_and_torch_scalars() -> None:

@@ -71,3 +71,21 @@ async def test_the_group_reward_shapes_sets_and_counts() -> None:
     assert [s.reward for s in group] == pytest.approx([0.0, 1.0])  # what the filter sees
     taken = stats.take()
     assert taken["rollout/overlong_frac"] == 0.5 and taken["rollout/reward_mean_all"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"filter_metric": "score"}, "filter_metric"),
+        ({"gen_batch_size": 0}, "gen_batch_size"),
+        ({"max_num_gen_batches": 0}, "max_num_gen_batches"),
+        ({"overlong_buffer_len": -1}, "overlong_buffer_len"),
+        ({"overlong_penalty_factor": -0.5}, "overlong_penalty_factor"),
+    ],
+)
+def test_bad_dapo_settings_are_refused_naming_the_setting(settings: dict, message: str) -> None:
+    from turnrl.tool_envs.dapo import DapoConfig
+
+    with pytest.raises(ValueError, match=message):
+        DapoConfig(**settings)
+    assert DapoConfig(dynamic_sampling=True, gen_batch_size=24).gen_batch_size == 24

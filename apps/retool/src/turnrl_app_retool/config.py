@@ -30,7 +30,7 @@ from turnrl.grpo_core.recipe.schema import (
 )
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
-from turnrl.tool_envs.dapo import FILTER_METRICS
+from turnrl.tool_envs.dapo import DapoConfig
 
 
 @dataclass
@@ -58,9 +58,10 @@ class DataConfig:
 
 
 @dataclass
-class RLStageConfig:
+class RLStageConfig(DapoConfig):
     """Stage 2: GRPO/DAPO with the code sandbox in the loop (its steps, batches, loss and
-    optimizer: the ``loop``, ``loss`` and ``optimizer`` sections)."""
+    optimizer: the ``loop``, ``loss`` and ``optimizer`` sections; DAPO's switches:
+    ``turnrl.tool_envs.dapo.DapoConfig``)."""
 
     enabled: bool = True
     """Run the RL stage [--no-rl skips it]."""
@@ -78,22 +79,6 @@ class RLStageConfig:
     """Most tokens one model turn may generate."""
     max_inflight: int = 32
     """Episodes in flight at once."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose ``filter_metric`` is equal for every sample and
-    generate more until ``rollout_batch_size`` groups are kept [--dynamic-sampling]."""
-    filter_metric: str = "acc"
-    """What the filter compares in a group: ``acc`` (correct or not) or ``reward`` [--filter-metric]."""
-    gen_batch_size: int | None = None
-    """Prompts per generation round under dynamic sampling; None: ``rollout_batch_size``
-    (verl's ``data.gen_batch_size``) [--gen-batch-size]."""
-    max_num_gen_batches: int = 10
-    """Most generation rounds per step under dynamic sampling; after them the step trains on
-    the informative groups it found [--max-num-gen-batches]."""
-    overlong_buffer_len: int = 0
-    """DAPO overlong shaping: penalise model tokens past ``max_response_length`` minus this,
-    linearly to ``-overlong_penalty_factor``; 0 turns it off [--overlong-buffer-len]."""
-    overlong_penalty_factor: float = 1.0
-    """Overlong penalty at ``max_response_length`` [--overlong-penalty-factor]."""
 
 
 @dataclass
@@ -211,26 +196,14 @@ class RetoolAppConfig:
 
     def _validate_dapo(self) -> None:
         rl = self.rl
-        if rl.filter_metric not in FILTER_METRICS:
-            raise ValueError(
-                f"rl.filter_metric must be one of {FILTER_METRICS}, got {rl.filter_metric!r}"
-            )
-        if rl.gen_batch_size is not None and rl.gen_batch_size < 1:
-            raise ValueError(f"rl.gen_batch_size must be >= 1, got {rl.gen_batch_size}")
-        if rl.max_num_gen_batches < 1:
-            raise ValueError(f"rl.max_num_gen_batches must be >= 1, got {rl.max_num_gen_batches}")
         if rl.dynamic_sampling and self.loop.n_samples_per_prompt < 2:
             raise ValueError(
                 "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"
             )
-        if not 0 <= rl.overlong_buffer_len <= rl.max_response_length:
+        if rl.overlong_buffer_len > rl.max_response_length:
             raise ValueError(
                 f"rl.overlong_buffer_len must be in [0, max_response_length="
                 f"{rl.max_response_length}], got {rl.overlong_buffer_len}"
-            )
-        if rl.overlong_penalty_factor < 0:
-            raise ValueError(
-                f"rl.overlong_penalty_factor must be >= 0, got {rl.overlong_penalty_factor}"
             )
 
     def to_dict(self) -> dict[str, Any]:

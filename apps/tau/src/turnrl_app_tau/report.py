@@ -26,29 +26,6 @@ def trajectory_text(traj: Any) -> str:
     return "\n".join(lines)
 
 
-def step_line(step: int, total: int, m: dict[str, float]) -> str:
-    """The per-step console line."""
-    return (
-        f"step {step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "
-        f"loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/kl_loss', 0):.4f}  "
-        f"clip {m.get('train/clip_frac', 0):.3f}  "
-        f"engine/trainer |dlogp| {m.get('train/mismatch_abs_diff', 0):.4f}  "
-        f"resp_len {m.get('rollout/response_len_mean', 0):.0f}  "
-        f"tok/s {m.get('rollout/tokens_per_s', 0):.0f}  rollout {m.get('perf/rollout_s', 0):.1f}s"
-        + (
-            f" (engines busy {m['rollout/engine_busy_frac']:.0%})"
-            if "rollout/engine_busy_frac" in m
-            else ""
-        )
-        + f"  train {m.get('perf/train_s', 0):.1f}s  sync {m.get('perf/sync_s', 0):.2f}s"
-        + (
-            f"  {m['rollout/episode_retries']:.0f} episode(s) re-run (engine failures)"
-            if m.get("rollout/episode_retries")
-            else ""
-        )
-    )
-
-
 def final_table(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
+from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
@@ -36,7 +37,7 @@ from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
 from turnrl.tool_envs.trajectory import TrajectoryLimits
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.report import console, step_line, trajectory_text
+from turnrl_app_tau.report import console, trajectory_text
 
 
 def rollout_config(
@@ -202,6 +203,6 @@ class TauServing:
         def line(step: int, metrics: dict[str, float]) -> str:
             if shown:
                 self.logger.log_samples(step, [trajectory_text(t) for t in shown])
-            return step_line(step, self.config.loop.num_rollout, metrics)
+            return format_step_line(step, metrics, self.config.loop.num_rollout)
 
         return Rollout(self.data.train, generate_and_keep, reward, line)

@@ -20,12 +20,50 @@ compares (DAPO's, and verl's ``recipe/dapo``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from turnrl.rewards.overlong import OverlongConfig, overlong_penalty_from_mask
 
 FILTER_METRICS = ("acc", "reward")
 """What the dynamic sampling filter may compare inside a group (verl: ``filter_groups.metric``)."""
+
+
+@dataclass
+class DapoConfig:
+    """DAPO's switches (verl's ``algorithm.filter_groups`` and ``reward_model.overlong_buffer``)."""
+
+    dynamic_sampling: bool = False
+    """Drop groups whose ``filter_metric`` is equal for every sample and generate more until
+    ``rollout_batch_size`` groups are kept [--dynamic-sampling]."""
+    filter_metric: str = "acc"
+    """What the filter compares in a group: ``acc`` (correct or not) or ``reward`` [--filter-metric]."""
+    gen_batch_size: int | None = None
+    """Prompts per generation round under dynamic sampling; None: ``rollout_batch_size``
+    (verl's ``data.gen_batch_size``) [--gen-batch-size]."""
+    max_num_gen_batches: int = 10
+    """Most generation rounds per step under dynamic sampling; after them the step trains on
+    the informative groups it found [--max-num-gen-batches]."""
+    overlong_buffer_len: int = 0
+    """Overlong shaping: penalise model tokens past the longest response minus this, linearly
+    to ``-overlong_penalty_factor``; 0 turns it off [--overlong-buffer-len]."""
+    overlong_penalty_factor: float = 1.0
+    """Overlong penalty at the longest response [--overlong-penalty-factor]."""
+
+    def __post_init__(self) -> None:
+        if self.filter_metric not in FILTER_METRICS:
+            raise ValueError(
+                f"rl.filter_metric must be one of {FILTER_METRICS}, got {self.filter_metric!r}"
+            )
+        if self.gen_batch_size is not None and self.gen_batch_size < 1:
+            raise ValueError(f"rl.gen_batch_size must be >= 1, got {self.gen_batch_size}")
+        if self.max_num_gen_batches < 1:
+            raise ValueError(f"rl.max_num_gen_batches must be >= 1, got {self.max_num_gen_batches}")
+        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
+            raise ValueError(
+                "rl.overlong_buffer_len and rl.overlong_penalty_factor must be >= 0, got "
+                f"{self.overlong_buffer_len} and {self.overlong_penalty_factor}"
+            )
 
 
 def overlong_config(max_len: int, buffer_len: int, penalty_factor: float) -> OverlongConfig | None:

@@ -49,6 +49,7 @@ _LINE_FIELDS = (
     ("rollout/response_len_mean", "resp_len", "{:.0f}"),
     ("rollout/num_turns_mean", "turns", "{:.1f}"),
     ("rollout/tokens_per_s", "tok/s", "{:.0f}"),
+    ("train/mismatch_abs_diff", "engine/trainer |dlogp|", "{:.4f}"),
 )
 _PHASE_FIELDS = (("perf/rollout_s", "rollout"), ("perf/train_s", "train"), ("perf/sync_s", "sync"))
 _VAL_PREFIX = "val-core/"
@@ -60,8 +61,9 @@ def format_step_line(step: int, metrics: dict[str, float], total: int | None = N
     """One console line for a training step.
 
     Shows reward, loss, KL loss, entropy, clip fraction, response length, turns, rollout
-    tokens/s, the seconds of each phase (rollout / train / sync) and any ``val-core/``
-    result, skipping whatever the step did not report. Example::
+    tokens/s, the engine/trainer log-prob mismatch, the seconds of each phase (rollout /
+    train / sync) with the engines' busy fraction, episodes re-run after engine failures
+    and any ``val-core/`` result, skipping whatever the step did not report. Example::
 
         step 3/200 | reward 0.512 | loss +0.0123 | kl 0.0010 | ... | time rollout 12.3s train 4.5s
 
@@ -88,8 +90,16 @@ def format_step_line(step: int, metrics: dict[str, float], total: int | None = N
         for key, label in _PHASE_FIELDS
         if key in metrics
     ]
+    if "rollout/engine_busy_frac" in metrics:
+        phases.append(
+            f"(engines busy {_number('rollout/engine_busy_frac', metrics['rollout/engine_busy_frac']):.0%})"
+        )
     if phases:
         parts.append("time " + " ".join(phases))
+    if retries := metrics.get("rollout/episode_retries"):
+        parts.append(
+            f"{_number('rollout/episode_retries', retries):.0f} episode(s) re-run (engine failures)"
+        )
     for key in sorted(k for k in metrics if k.startswith(_VAL_PREFIX)):
         parts.append(f"{key[len(_VAL_PREFIX) :]} {_number(key, metrics[key]):.3f}")
     return " | ".join(parts)
