@@ -12,6 +12,7 @@ import turnrl_app_retool
 from turnrl_app_retool.cli import FLAG_OF, FLAGS, build_parser, resolve
 from turnrl_app_retool.config import RetoolAppConfig
 
+from turnrl.grpo_core.recipe.flags import RUN_FLAGS
 from turnrl.grpo_core.recipe.schema import NOT_HONOURED, SCHEMA_FLAGS
 
 
@@ -69,7 +70,7 @@ def test_every_parser_option_is_a_known_flag() -> None:
         {
             a.option_strings[0]
             for a in build_parser()._actions
-            if a.option_strings and a.option_strings[0] not in {f[0] for f in FLAGS}
+            if a.option_strings and a.option_strings[0] not in {f[0] for f in [*RUN_FLAGS, *FLAGS]}
         }
         - {flag for flag, _, _ in SCHEMA_FLAGS}
         - {a.option_strings[0] for a in _arch_actions()}

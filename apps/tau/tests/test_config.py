@@ -259,7 +259,7 @@ def test_presets_resolve_and_round_trip(tmp_path: Path) -> None:
     for name in PRESETS:
         config = preset(name)
         assert config.preset == name
-        saved = json.loads(config.save(tmp_path / f"{name}.json").read_text())
+        saved = json.loads(config.save(tmp_path / name).read_text())
         assert from_dict(saved) == config
     default = resolve([], {}).config
     assert default.preset == "cpu-default" and default.model.hf_checkpoint is None

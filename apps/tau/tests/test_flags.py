@@ -12,10 +12,11 @@ from turnrl_app_tau import cli
 from turnrl_app_tau.cli import _APP_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
 from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
 
+from turnrl.grpo_core.recipe.flags import RUN_FLAGS
 from turnrl.grpo_core.recipe.schema import ARCH_FLAGS, PLACED_BY_RAY, SCHEMA_FLAGS
 
 KIND_OF = {dotted: kind for _, dotted, kind in [*SCHEMA_FLAGS, *_SCRIPT_FLAGS]} | {
-    dotted: kind for _, dotted, kind, _ in _APP_FLAGS
+    dotted: kind for _, dotted, kind, _ in [*RUN_FLAGS, *_APP_FLAGS]
 }
 
 

@@ -26,7 +26,7 @@ from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:
     config = preset("smoke")
     config.run_dir = str(tmp_path)
-    config.save(tmp_path / "config.json")
+    config.save(tmp_path)
     invocation = resolve(["--resume", "--run-dir", str(tmp_path), "--num-rollout", "5"], {})
     assert invocation.resume
     assert invocation.config.preset == "smoke"  # the run's own preset, not cpu-default

@@ -22,10 +22,10 @@ from turnrl.grpo_core.recipe.flags import (
     BOOL,
     OFF,
     ON,
+    RUN_FLAGS,
     Flag,
     add_flags,
     add_run_flags,
-    comma_list,
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
@@ -57,8 +57,6 @@ _VALUED: list[tuple[str, str, Any]] = [
     ("--n-val-samples", "eval.n", int),
     ("--max-val-problems", "eval.max_problems", int),
     ("--sandbox-url", "sandbox.url", str),
-    ("--run-dir", "run_dir", str),
-    ("--seed", "seed", int),
 ]
 FLAGS: list[Flag] = [
     *SFT_FLAGS,
@@ -77,16 +75,10 @@ FLAGS: list[Flag] = [
         BOOL,
         "render the tool schema into prompts",
     ),
-    (
-        "--logger",
-        "logger",
-        comma_list,
-        "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
-    ),
 ]
 """Every app flag that sets a config field (``--val-data`` aside: it appends); the model,
 cluster and parallelism flags are grpo-core's (``turnrl.grpo_core.recipe.schema``)."""
-FLAG_OF = {**SCHEMA_FLAG_OF, **{dotted: flag for flag, dotted, _, _ in FLAGS}}
+FLAG_OF = {**SCHEMA_FLAG_OF, **{dotted: flag for flag, dotted, _, _ in [*RUN_FLAGS, *FLAGS]}}
 """The command-line flag that sets each config field ("section.field")."""
 REFUSED = {
     **NOT_HONOURED,

@@ -13,15 +13,13 @@ temperature 1.0 / top-p 0.6.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
+from turnrl.grpo_core.recipe.run_folder import AppConfig
 from turnrl.grpo_core.recipe.schema import (
     ClusterConfig,
     EngineConfig,
@@ -115,7 +113,7 @@ class SandboxConfig:
 
 
 @dataclass
-class RetoolAppConfig:
+class RetoolAppConfig(AppConfig):
     """Everything one ReTool run needs."""
 
     preset: str = "cpu-default"
@@ -205,17 +203,6 @@ class RetoolAppConfig:
                 f"rl.overlong_buffer_len must be in [0, max_response_length="
                 f"{rl.max_response_length}], got {rl.overlong_buffer_len}"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        return dataclasses.asdict(self)
-
-    def save(self, folder: str | Path) -> Path:
-        """Write the resolved config to ``folder/config.json``."""
-        path = Path(folder) / "config.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return path
 
 
 PRESET_DIR = Path(__file__).parent / "presets"

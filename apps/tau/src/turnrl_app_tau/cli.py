@@ -18,6 +18,7 @@ from typing import Any
 from turnrl.grpo_core.recipe.flags import (
     OFF,
     ON,
+    RUN_FLAGS,
     add_flags,
     add_run_flags,
     comma_list,
@@ -42,14 +43,6 @@ _SCRIPT_FLAGS: list[tuple[str, str, Any]] = [
 
 _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     *SFT_FLAGS,
-    ("--run-dir", "run_dir", str, "run folder (default runs/tau-<timestamp>)"),
-    ("--seed", "seed", int, "global seed"),
-    (
-        "--logger",
-        "logger",
-        comma_list,
-        "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
-    ),
     ("--tau-bench-dir", "tau.tau_bench_dir", str, "tau-bench data folder (<domain>/ inside)"),
     ("--domain", "tau.domain", str, "retail, airline or synthetic (tau2: airline or retail)"),
     ("--benchmark", "tau.benchmark", str, "tau (tau-bench) or tau2 (tau2-bench)"),
@@ -115,7 +108,7 @@ SCRIPT_FLAGS: tuple[str, ...] = tuple(
 """Every flag of the vime tau-bench NPU script (model-architecture flags aside)."""
 FLAG_OF: dict[str, str] = {
     **SCHEMA_FLAG_OF,
-    **{dotted: flag for flag, dotted, _, _ in _APP_FLAGS},
+    **{dotted: flag for flag, dotted, _, _ in [*RUN_FLAGS, *_APP_FLAGS]},
     **{dotted: flag for flag, dotted, _ in _SCRIPT_FLAGS},
 }
 """The command-line flag that sets each config field ("section.field")."""

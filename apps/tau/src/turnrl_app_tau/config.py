@@ -11,8 +11,6 @@ CPU with a tiny model and the synthetic mini-retail domain.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
-from turnrl.grpo_core.recipe.run_folder import config_from_dict
+from turnrl.grpo_core.recipe.run_folder import AppConfig, config_from_dict
 from turnrl.grpo_core.recipe.schema import (
     ClusterConfig,
     EngineConfig,
@@ -106,7 +104,7 @@ class TauSettings(TauTaskConfig):
 
 
 @dataclass
-class TauAppConfig:
+class TauAppConfig(AppConfig):
     """Everything one run of the tau app needs."""
 
     preset: str = "cpu-default"
@@ -143,16 +141,6 @@ class TauAppConfig:
         )
     )
     """The SFT warm-up on gold conversations (0 steps: none)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return dataclasses.asdict(self)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the resolved config as JSON."""
-        out = Path(path)
-        out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return out
 
 
 def from_dict(data: dict[str, Any]) -> TauAppConfig:

@@ -31,6 +31,19 @@ def comma_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+RUN_FLAGS: list[Flag] = [
+    ("--run-dir", "run_dir", str, "run folder (default runs/<app>-<timestamp>)"),
+    ("--seed", "seed", int, "seed of data, model initialisation, sampling and prompt order"),
+    (
+        "--logger",
+        "logger",
+        comma_list,
+        "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
+    ),
+]
+"""The run's own flags, the same in every app (:func:`add_run_flags` adds them)."""
+
+
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: Iterable[Flag]
 ) -> None:
@@ -48,7 +61,7 @@ def add_flags(
 
 def add_run_flags(parser: argparse.ArgumentParser, presets: Path) -> None:
     """``--preset`` (a name among the ``presets`` folder's files, or a ``.toml`` path),
-    ``--smoke`` and ``--resume``."""
+    ``--smoke``, ``--resume`` and :data:`RUN_FLAGS`."""
     parser.add_argument(
         "--preset",
         type=preset_argument(presets),
@@ -63,6 +76,7 @@ def add_run_flags(parser: argparse.ArgumentParser, presets: Path) -> None:
         action="store_true",
         help="continue the interrupted run in --run-dir (its config.json, then these flags)",
     )
+    add_flags(parser, RUN_FLAGS)
 
 
 def set_field(data: dict[str, Any], dotted: str, value: Any) -> None:
