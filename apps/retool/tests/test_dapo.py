@@ -73,3 +73,19 @@ def test_bad_dapo_settings_are_refused(
     with pytest.raises(SystemExit):
         resolve(flags)
     assert message in capsys.readouterr().err
+
+
+def test_async_acts_without_dynamic_sampling_and_is_refused_with_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The asynchronous loop draws one group per call; DAPO's filter needs extra groups
+    within a step, so the two together are refused, naming both flags."""
+    config, _ = resolve(["--async", "--no-dynamic-sampling"])
+    assert config.loop.asynchronous and not config.rl.dynamic_sampling
+    from turnrl.grpo_core.recipe.schema import loop_config
+
+    assert loop_config(config).asynchronous  # what build_rl builds: an AsyncGRPOLoop
+    with pytest.raises(SystemExit):
+        resolve(["--async"])  # cpu-default filters
+    err = capsys.readouterr().err
+    assert "--async with --dynamic-sampling" in err and "--no-dynamic-sampling" in err

@@ -80,12 +80,6 @@ FLAGS: list[Flag] = [
 cluster and parallelism flags are grpo-core's (``turnrl.grpo_core.recipe.schema``)."""
 FLAG_OF = {**SCHEMA_FLAG_OF, **{dotted: flag for flag, dotted, _, _ in [*RUN_FLAGS, *FLAGS]}}
 """The command-line flag that sets each config field ("section.field")."""
-REFUSED = {
-    **NOT_HONOURED,
-    "loop.asynchronous": "the RL stage runs the synchronous loop (DAPO's extra generation "
-    "rounds draw their prompts within the step)",
-}
-"""Settings the app does not act on, with why: any value but the default is refused."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +117,7 @@ def resolve(argv: Sequence[str] | None = None) -> tuple[RetoolAppConfig, argpars
     try:
         config = config_from_dict(RetoolAppConfig, resolve_fields(fields, preset))
         config.validate()
-        check_schema(config, refusals(config, REFUSED, FLAG_OF))
+        check_schema(config, refusals(config, NOT_HONOURED, FLAG_OF))
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     return config, args

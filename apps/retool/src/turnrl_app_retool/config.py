@@ -194,6 +194,12 @@ class RetoolAppConfig(AppConfig):
 
     def _validate_dapo(self) -> None:
         rl = self.rl
+        if rl.dynamic_sampling and self.loop.asynchronous:
+            raise ValueError(
+                "--async with --dynamic-sampling: the asynchronous loop generates one group "
+                "at a time, so DAPO's filter cannot draw more groups within a step; add "
+                "--no-dynamic-sampling"
+            )
         if rl.dynamic_sampling and self.loop.n_samples_per_prompt < 2:
             raise ValueError(
                 "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"

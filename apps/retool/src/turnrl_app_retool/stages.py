@@ -189,7 +189,8 @@ class RetoolServing:
         def draw_from(loop: Any) -> None:  # DAPO's extra rounds draw from the loop's data
             manager.prompt_source = loop.data.next
 
-        return Rollout(self.datasets.train, manager.generate, keep_rewards, line, draw_from)
+        extra_rounds = draw_from if rl.dynamic_sampling else None
+        return Rollout(self.datasets.train, manager.generate, keep_rewards, line, extra_rounds)
 
 
 def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:
