@@ -206,11 +206,10 @@ async def _serve(
         app.serving(result.policy, result.urls, router) as serving,
     ):
 
-        async def evaluated(label: str, step: int, log: bool = True) -> dict[str, Any]:
+        async def evaluated(label: str, step: int) -> dict[str, Any]:
             with phases(label):
                 record = await serving.evaluate(step)
-            if log:
-                run.logger(step, serving.scalars(record), phase="val")
+            run.logger(step, serving.scalars(record), phase="val")
             return record
 
         if not train:
@@ -225,10 +224,10 @@ async def _serve(
 
         async def during_rl(step: int) -> dict[str, float]:
             """The loop's hook every --eval-interval steps (the last: the evaluation after
-            RL); its points go into the step's metrics."""
-            if step >= num_rollout:
-                return {}
-            return serving.scalars(await evaluated("eval during RL", step, log=False))
+            RL); logged as its own ``val`` line, as every evaluation is."""
+            if step < num_rollout:
+                await evaluated("eval during RL", step)
+            return {}
 
         with phases("rl"):
             rollout = serving.rollout()
