@@ -17,7 +17,6 @@ from turnrl.grpo_core.recipe.flags import (
     ON,
     add_flags,
     add_run_flags,
-    comma_list,
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.presets import load_preset
@@ -36,6 +35,7 @@ class _Config:
     preset: str = ""
     loop: _Loop = field(default_factory=_Loop)
     run_dir: str | None = None
+    seed: int = 0
     logger: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,9 +48,7 @@ FLAGS = [
     ("--shuffle", "loop.shuffle", ON, ""),
     ("--no-sft", "loop.sft", OFF, ""),
     ("--filter", "loop.filter", BOOL, ""),
-    ("--run-dir", "run_dir", str, ""),
-    ("--logger", "logger", comma_list, ""),
-]
+]  # --run-dir, --seed and --logger: add_run_flags' RUN_FLAGS
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +83,12 @@ def test_flags_not_given_keep_the_preset_and_given_ones_win(folder: Path) -> Non
             "--no-filter",
             "--logger",
             "a, b",
+            "--seed",
+            "11",
         ],
     )
     assert data["loop"] == {"steps": 7, "shuffle": True, "sft": False, "filter": False}
-    assert data["logger"] == ["a", "b"]
+    assert data["logger"] == ["a", "b"] and data["seed"] == 11
     # Defaults (e.g. environment variables) sit between the preset and the flags.
     assert _resolve(folder, [], {"loop.steps": 5})["loop"]["steps"] == 5
     assert _resolve(folder, ["--num-rollout", "9"], {"loop.steps": 5})["loop"]["steps"] == 9
