@@ -46,12 +46,15 @@ VERL_ALIASES = {
 """turnrl loop metric -> the verl name it is also logged under."""
 
 
+def sampling(config: RetoolAppConfig) -> dict[str, float]:
+    """The rollouts' sampling, which the trainer's log-probs follow."""
+    return {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
+
+
 def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
     """The engine config of each RL trainer rank (``schema.trainer_config``) sampling as
     the rollouts do."""
-    return schema.trainer_config(
-        config, model_path, temperature=config.rl.temperature, top_p=config.rl.top_p
-    )
+    return schema.trainer_config(config, model_path, **sampling(config))
 
 
 @contextlib.contextmanager
@@ -73,7 +76,7 @@ class RetoolStages:
 
     def __init__(self, config: RetoolAppConfig, datasets: Datasets, logger: Any) -> None:
         self.config, self.datasets, self.logger = config, datasets, logger
-        self.sampling = {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
+        self.sampling = sampling(config)
         self.rl_enabled = config.rl.enabled
 
     def sft_data(self) -> SFTData:

@@ -86,9 +86,14 @@ def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
     return spec
 
 
+def sampling(config: TauAppConfig) -> dict[str, float]:
+    """The rollouts' sampling, which the trainer's log-probs follow."""
+    return {"temperature": config.rollout.rollout_temperature}
+
+
 def trainer_config(config: TauAppConfig, policy: Path) -> Any:
     """What every GRPO trainer builds from ``policy`` (``schema.trainer_config``)."""
-    return schema.trainer_config(config, policy, temperature=config.rollout.rollout_temperature)
+    return schema.trainer_config(config, policy, **sampling(config))
 
 
 class TauStages:
@@ -99,7 +104,7 @@ class TauStages:
     ) -> None:
         self.config, self.data, self.tools, self.logger = config, data, tools, logger
         self.max_positions = max(4096, config.rollout.rollout_max_context_len)
-        self.sampling = {"temperature": config.rollout.rollout_temperature}
+        self.sampling = sampling(config)
         self.rl_enabled = True
 
     def sft_data(self) -> SFTData | None:

@@ -90,16 +90,13 @@ def format_step_line(step: int, metrics: dict[str, float], total: int | None = N
         for key, label in _PHASE_FIELDS
         if key in metrics
     ]
-    if "rollout/engine_busy_frac" in metrics:
-        phases.append(
-            f"(engines busy {_number('rollout/engine_busy_frac', metrics['rollout/engine_busy_frac']):.0%})"
-        )
+    if (busy := metrics.get("rollout/engine_busy_frac")) is not None:
+        phases.append(f"(engines busy {_number('rollout/engine_busy_frac', busy):.0%})")
     if phases:
         parts.append("time " + " ".join(phases))
     if retries := metrics.get("rollout/episode_retries"):
-        parts.append(
-            f"{_number('rollout/episode_retries', retries):.0f} episode(s) re-run (engine failures)"
-        )
+        count = _number("rollout/episode_retries", retries)
+        parts.append(f"{count:.0f} episode(s) re-run (engine failures)")
     for key in sorted(k for k in metrics if k.startswith(_VAL_PREFIX)):
         parts.append(f"{key[len(_VAL_PREFIX) :]} {_number(key, metrics[key]):.3f}")
     return " | ".join(parts)

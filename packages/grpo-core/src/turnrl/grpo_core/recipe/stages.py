@@ -181,11 +181,13 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
         finally:
             with phases("engine start (rest)"):
                 urls, job = await started
-        trainer = schema.trainer_config(config, policy, **app.sampling)
+        trainer = schema.trainer_config(config, policy, **app.sampling) if train else None
         if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
             with phases("trainers start"):
                 await asyncio.to_thread(job.start_trainers, trainer)
         if policy != base:
+            from turnrl.grpo_core.weight_sync.disk import reload_engines
+
             await reload_engines(urls, policy, "0")
         result = StagesResult(policy, urls, sft=sft)
         await _serve(run, app, result, trainer, job, train)
@@ -250,12 +252,3 @@ async def _serve(
             result.history = await stage.run(loop)
             loop.trainer.export_hf(run.folder / "model" / "rl")
         result.after = await evaluated("eval after RL", loop.step)
-
-
-async def reload_engines(urls: Sequence[str], folder: Path, version: str) -> None:
-    """Every engine at ``urls`` loads the weights in ``folder`` as ``version``."""
-    from turnrl.rollout_router.client import EngineClient
-
-    for url in urls:
-        async with EngineClient(url) as client:
-            await client.reload_weights(folder, weight_version=version)

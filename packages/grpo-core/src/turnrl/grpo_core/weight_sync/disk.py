@@ -31,6 +31,21 @@ class WeightSync(Protocol):
         ...
 
 
+async def reload_engines(urls: Sequence[str], folder: str | Path, version: str) -> None:
+    """Every engine at ``urls`` reloads its weights from ``folder`` as ``version`` and is
+    asked which version it serves.
+
+    Raises:
+        WeightSyncError: an engine reports another version after the reload.
+    """
+    for url in urls:
+        async with EngineClient(url) as client:
+            await client.reload_weights(folder, weight_version=version)
+            served = await client.weight_version()
+        if served != version:
+            raise WeightSyncError(f"engine {url} serves weight version {served!r}, sent {version}")
+
+
 class DiskWeightSync:
     """Export to ``root/v<version>``, reload on every engine, confirm the version.
 
@@ -63,14 +78,7 @@ class DiskWeightSync:
         folder = self.root / f"v{version}"
         trainer.export_hf(folder)
         exported = time.perf_counter()
-        for url in self.engine_urls:
-            async with EngineClient(url) as client:
-                await client.reload_weights(folder, weight_version=str(version))
-                served = await client.weight_version()
-            if served != str(version):
-                raise WeightSyncError(
-                    f"engine {url} serves weight version {served!r}, sent {version}"
-                )
+        await reload_engines(self.engine_urls, folder, str(version))
         done = time.perf_counter()
         self.versions.append(version)
         for old in self.versions[: -self.keep_last]:
