@@ -80,3 +80,5 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
         TauSettings(sft_prefix_turns=0)
     with pytest.raises(ValueError, match="sft_prefix"):
         TauSettings(sft_prefix_steps=-1)
+    with pytest.raises(ValueError, match="sft_prefix_loss"):
+        TauSettings(sft_prefix_loss=-0.1)

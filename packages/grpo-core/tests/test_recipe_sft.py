@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from turnrl.grpo_core.recipe.sft import SFTPhase, run_sft_stage
+from turnrl.grpo_core.recipe.sft import LOSS_WINDOW, ChatPhase, SFTPhase, run_sft_stage
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
 from turnrl.grpo_core.training.tiny_model import build_tiny_model, sample_chat
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
@@ -80,6 +80,32 @@ def test_the_stop_ends_the_stage_early(tiny: Path) -> None:
         _engine(tiny), phases, pad_id=tok.pad_token_id, seed=0, lr=lambda _: 1e-3, stop=stop
     )
     assert result.steps == 1 and result.stop.startswith("time bound")
+
+
+def test_a_phase_ends_at_its_stop_loss_and_the_next_one_runs(tiny: Path) -> None:
+    """A phase's ``stop_loss`` ends it once the mean of its last ``LOSS_WINDOW`` losses is
+    at or below it (its ``steps`` the most); one it never reaches runs every step."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    examples = [build_sft_example(tok, sample_chat(seed=s, num_turns=1)) for s in range(2)]
+    out = io.StringIO()
+    phases = [
+        SFTPhase(LOSS_WINDOW + 30, examples, 2, probe=False, stop_loss=100.0),
+        SFTPhase(LOSS_WINDOW + 1, examples, 2, probe=False, stop_loss=1e-9),
+        SFTPhase(2, examples, 2),
+    ]
+    result = run_sft_stage(
+        _engine(tiny),
+        phases,
+        pad_id=tok.pad_token_id,
+        seed=0,
+        lr=lambda _: 1e-4,
+        console=Console(file=out, width=200),
+    )
+    assert result.phase_steps == [LOSS_WINDOW, LOSS_WINDOW + 1, 2]
+    assert result.steps == 2 * LOSS_WINDOW + 3 and result.stop == "all steps done"
+    assert result.record()["phase_steps"] == result.phase_steps
+    assert f"SFT phase 1 ended after {LOSS_WINDOW} of {LOSS_WINDOW + 30} steps" in out.getvalue()
+    assert "SFT phase 2 ended" not in out.getvalue()
 
 
 def test_a_phase_with_nothing_to_train_on_is_refused_before_any_step(tiny: Path) -> None:
@@ -172,7 +198,7 @@ def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
         chats,
         chats[:1],
         tmp_path / "sft",
-        first=[(3, [c[:3] for c in chats], 4)],
+        first=[ChatPhase(3, [c[:3] for c in chats], 4)],
         console=Console(file=out, width=200),
         on_step=lambda step, m: tokens.append(m.get("sft/tokens", 0.0)),
     )

@@ -73,6 +73,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--short-tools", "rollout.short_tools", ON, "tool schemas without descriptions"),
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
     ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
+    ("--sft-prefix-loss", "tau.sft_prefix_loss", float, "end the prefix steps at this loss"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),
     ("--no-tools-in-prompt", "rollout.tools_in_prompt", OFF, "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),

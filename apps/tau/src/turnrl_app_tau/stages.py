@@ -20,6 +20,7 @@ from typing import Any
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
 from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
+from turnrl.grpo_core.recipe.sft import ChatPhase
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.rollout_router.router import Router
@@ -125,7 +126,9 @@ class TauStages:
                 chats, probe = chats[: -sft.probe_size], chats[-sft.probe_size :]
         # A curriculum: the first turns of every conversation, then all of it.
         prefixes = [prefix(chat, t.sft_prefix_turns) for chat in chats]
-        first = [(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size)]
+        first = [
+            ChatPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, t.sft_prefix_loss)
+        ]
         return SFTData(chats, probe, self.tools, first if t.sft_prefix_steps else [])
 
     def engine_spec(self, model: Path) -> EngineSpec:

@@ -120,6 +120,31 @@ class SFTPhase:
     """Conversations per step."""
     probe: bool = True
     """Whether the stop's probe runs in this phase (its time bound always does)."""
+    stop_loss: float = 0.0
+    """End the phase early, ``steps`` then being its most, once the mean loss of its last
+    :data:`LOSS_WINDOW` steps is at or below this (0: run every step)."""
+
+
+LOSS_WINDOW = 20
+"""Steps a phase's ``stop_loss`` averages over."""
+
+
+Chat = list[dict[str, Any]]
+"""OpenAI-style messages of one conversation."""
+
+
+@dataclass
+class ChatPhase:
+    """A phase of :func:`train_sft_on_chats` before its main one (e.g. short prefixes)."""
+
+    steps: int
+    """Its most steps."""
+    chats: Sequence[Chat]
+    """Its conversations."""
+    batch_size: int
+    """Conversations per step."""
+    stop_loss: float = 0.0
+    """:attr:`SFTPhase.stop_loss`."""
 
 
 @dataclass
@@ -132,6 +157,8 @@ class SFTResult:
     """Why the stage ended."""
     probes: list[tuple[int, float]] = field(default_factory=list)
     """``(step, rate)`` of every probe, the step counted over the whole stage."""
+    phase_steps: list[int] = field(default_factory=list)
+    """Steps each phase with steps trained, in order."""
 
     @property
     def steps(self) -> int:
@@ -147,6 +174,7 @@ class SFTResult:
             "loss_last": last,
             "stop": self.stop,
             "probes": [list(p) for p in self.probes],
+            "phase_steps": self.phase_steps,
         }
 
 
@@ -170,7 +198,8 @@ def run_sft_stage(
         pad_id: The tokenizer's padding id.
         seed: Seeds each phase's data order.
         lr: Learning rate of a step (0-based over the whole stage).
-        stop: Ends the stage early; its probe step counts within a phase.
+        stop: Ends the stage early; its probe step counts within a phase. A phase's
+            ``stop_loss`` ends that phase early, and the next one starts.
         console: Where the progress bar and the stage's lines go.
         on_step: Called with the step (1-based over the stage) and its metrics, keys
             prefixed ``sft/`` (a probe's rate as ``sft/probe``).
@@ -202,7 +231,9 @@ def run_sft_stage(
                 continue
             order = SFTDataIterator(len(pool), seed)
             config = SFTConfig(num_steps=1, global_batch_size=phase.batch_size, seed=seed)
+            result.phase_steps.append(0)
             for step in range(1, phase.steps + 1):
+                result.phase_steps[-1] = step
                 for group in trainer.optimizer.param_groups:
                     group["lr"] = lr(result.steps)
                 metrics = run_sft(trainer, pool, config, pad_id, data=order)[0]
@@ -222,6 +253,16 @@ def run_sft_stage(
                 if on_step is not None:
                     on_step(done, {f"sft/{k}": float(v) for k, v in metrics.items()})
                 if reason:
+                    break
+                mean = sum(result.losses[-LOSS_WINDOW:]) / LOSS_WINDOW
+                if phase.stop_loss > 0 and step >= LOSS_WINDOW and mean <= phase.stop_loss:
+                    console.print(
+                        f"SFT phase {len(result.phase_steps)} ended after {step} of "
+                        f"{phase.steps} steps: mean loss of the last {LOSS_WINDOW} "
+                        f"{mean:.3f} <= {phase.stop_loss}"
+                    )
+                    total -= phase.steps - step
+                    progress.update(bar, total=total)
                     break
             if reason:
                 break
@@ -304,8 +345,8 @@ def train_sft(
     return record
 
 
-Chat = list[dict[str, Any]]
-"""OpenAI-style messages of one conversation."""
+def _until(phase: SFTPhase) -> str:
+    return f", until loss <= {phase.stop_loss}" if phase.stop_loss else ""
 
 
 def train_sft_on_chats(
@@ -316,14 +357,14 @@ def train_sft_on_chats(
     out: Path,
     *,
     tools: list[dict[str, Any]] | None = None,
-    first: Sequence[tuple[int, Sequence[Chat], int]] = (),
+    first: Sequence[ChatPhase] = (),
     console: Console | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """:func:`train_sft` on conversations: each is rendered with ``base``'s chat template
     (``tools`` in its prompt), cut at ``config.parallel.seq_length`` tokens, loss on the
-    assistant's tokens only. ``first`` lists ``(steps, chats, batch size)`` phases run
-    before the main one, without probes (e.g. a curriculum of short prefixes)."""
+    assistant's tokens only. The ``first`` phases run before the main one, without probes
+    (e.g. a curriculum of short prefixes, ended by its loss)."""
     from transformers import AutoTokenizer
 
     from turnrl.grpo_core.training.sft import build_sft_example
@@ -334,13 +375,16 @@ def train_sft_on_chats(
     def examples(items: Sequence[Chat]) -> list[SFTExample]:
         return [build_sft_example(tok, chat, tools, max_length=length) for chat in items]
 
-    phases = [SFTPhase(steps, examples(items), batch, probe=False) for steps, items, batch in first]
+    phases = [
+        SFTPhase(p.steps, examples(p.chats), p.batch_size, probe=False, stop_loss=p.stop_loss)
+        for p in first
+    ]
     main = examples(chats)
     if console is not None and main:
         tokens = sum(len(e.input_ids) for e in main) / len(main)
         console.print(
             f"SFT: {len(main)} conversations, {tokens:.0f} tokens on average, "
-            + "".join(f"{p.steps} steps x {p.batch_size} (prefixes) + " for p in phases)
+            + "".join(f"{p.steps} steps x {p.batch_size} (prefixes{_until(p)}) + " for p in phases)
             + f"{config.sft.num_steps} steps x {config.sft.global_batch_size}"
         )
     return train_sft(

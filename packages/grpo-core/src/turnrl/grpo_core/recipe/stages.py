@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from turnrl.grpo_core.recipe.sft import SFT_DONE, Chat
+from turnrl.grpo_core.recipe.sft import SFT_DONE, Chat, ChatPhase
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.loop.loop import GRPOLoop
@@ -48,8 +48,8 @@ class SFTData:
     """Conversations SFT never trains on, for its probe stop."""
     tools: list[dict[str, Any]] | None = None
     """Tool schemas in the prompt."""
-    first: Sequence[tuple[int, Sequence[Chat], int]] = ()
-    """``(steps, chats, batch size)`` phases before the main one (e.g. short prefixes)."""
+    first: Sequence[ChatPhase] = ()
+    """Phases before the main one (e.g. short prefixes)."""
 
 
 @dataclass
