@@ -21,7 +21,7 @@ def policy_start(
     console: Console | None = None,
 ) -> Path:
     """:func:`starting_model` from an app config's ``model`` section (``--hf-checkpoint``,
-    the tiny model's sizes) and ``seed``."""
+    the tiny model's sizes and seed; the run's ``seed`` when it names none)."""
     m = config.model
     return starting_model(
         m.hf_checkpoint,
@@ -30,7 +30,7 @@ def policy_start(
         num_layers=m.tiny_num_layers,
         vocab_size=m.tiny_vocab_size,
         max_positions=max_positions,
-        seed=config.seed,
+        seed=config.seed if m.tiny_seed is None else m.tiny_seed,
         reuse=reuse,
         console=console,
     )

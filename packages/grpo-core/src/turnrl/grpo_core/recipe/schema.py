@@ -52,6 +52,10 @@ class ModelConfig:
     """Tiny model: decoder layers."""
     tiny_vocab_size: int = 2048
     """Tiny model: BPE vocabulary size."""
+    tiny_seed: int | None = None
+    """Tiny model: seed of its random weights [--tiny-seed]; None uses the run's --seed. It
+    stands for a pretrained checkpoint, which a run's seed does not change: a preset that
+    needs its model to learn a skill in a fixed budget names a seed whose weights do."""
     dtype: str = "float32"
     """Training compute dtype (float32, or bfloat16 with fp32 master weights) [--dtype]."""
     torch_threads: int = 0
@@ -205,6 +209,7 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--torch-threads", "model.torch_threads", int),
     ("--tiny-hidden-size", "model.tiny_hidden_size", int),
     ("--tiny-num-layers", "model.tiny_num_layers", int),
+    ("--tiny-seed", "model.tiny_seed", int),
     ("--seq-length", "parallel.seq_length", int),
     ("--micro-batch-size", "parallel.micro_batch_size", int),
     ("--optimizer", "parallel.optimizer_name", str),
