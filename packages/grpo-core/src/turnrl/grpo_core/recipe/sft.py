@@ -307,8 +307,9 @@ def train_sft(
 ) -> dict[str, Any]:
     """The SFT stage ``config.sft`` describes, from ``base``: the ``first`` phases (e.g. a
     curriculum of prefixes), then ``sft.num_steps`` steps over ``examples``, the learning
-    rate scheduled over all of them, stopped early on ``probe`` or the time bound. The model
-    is exported to ``out`` with :data:`SFT_DONE` in it; returns that record.
+    rate scheduled over all of them (each phase at its most steps), stopped early on
+    ``probe`` or the time bound. The model is exported to ``out`` with :data:`SFT_DONE` in
+    it; returns that record.
 
     Args:
         config: An app config with ``sft``, ``model`` and ``seed``.
