@@ -174,6 +174,13 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
             await asyncio.sleep(1.0)
         held = {sid for sid in started if b.in_flight(sid)}  # one request per episode
         streamed = {sid for sid in held if any(b.in_flight_tokens(sid).values())}
+        if not held:  # CI saw this once: say where B's episodes went before failing
+            os.killpg(os.getpgid(victim.process.pid), signal.SIGCONT)
+            done = await asyncio.wait_for(step, 150)
+            where = [
+                (s.session_id, s.engine == victim.url, s.status, len(s.response_ids)) for s in done
+            ]
+            pytest.fail(f"B held no episode once frozen; (session, on B, status, tokens): {where}")
         assert len(held) == len(seen) > 0 and streamed
         assert not step.done()
         victim.kill()
