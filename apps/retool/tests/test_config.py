@@ -171,10 +171,11 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     """--train-backend megatron --tensor-model-parallel-size 2 on 4 Ray ranks: the RL
     trainer config is a MegatronEngineConfig with TP 2 and the recipe's settings. Where
     megatron-core is not installed the run is refused at start with the install line."""
-    from turnrl_app_retool.stages import trainer_config
+    from turnrl_app_retool.stages import sampling
 
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
     from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.recipe.schema import trainer_config
 
     argv = [
         "--train-backend",
@@ -188,7 +189,7 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
         refused(argv, "needs megatron-core: pip install")
         return
     config, _ = resolve(argv)
-    rl = trainer_config(Path("m"), config)
+    rl = trainer_config(config, Path("m"), **sampling(config))  # as run_stages builds it
     assert isinstance(rl, MegatronEngineConfig) and rl.parallel.tensor_model_parallel_size == 2
     assert rl.optimizer.lr == config.optimizer.lr and rl.top_p == config.rl.top_p
 

@@ -6,12 +6,16 @@ import ast
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from turnrl_app_tau import cli
 from turnrl_app_tau.cli import _APP_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
+from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
+from turnrl_app_tau.stages import sampling
 
+from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.flags import RUN_FLAGS
 from turnrl.grpo_core.recipe.schema import ARCH_FLAGS, PLACED_BY_RAY, SCHEMA_FLAGS
 
@@ -42,6 +46,11 @@ def _attributes_read_by_the_app() -> set[str]:
             if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
         }
     return names
+
+
+def trainer_config(config: TauAppConfig, model: Path) -> Any:
+    """Each GRPO trainer's config, as ``recipe.stages.run_stages`` builds it."""
+    return schema.trainer_config(config, model, **sampling(config))
 
 
 def _other_value(dotted: str) -> list[str]:
@@ -93,7 +102,6 @@ def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at
 
 
 def test_the_memory_margin_reaches_the_trainer_and_is_refused_on_the_cpu() -> None:
-    from turnrl_app_tau.stages import trainer_config
 
     words = ["--train-memory-margin-bytes", "1024"]
     on_gpu = resolve([*words, "--device", "gpu"], {}).config
@@ -168,7 +176,6 @@ MEGATRON_RAY = ["--train-backend", "megatron", "--runner", "ray", "--actor-num-g
 def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
     """Under --train-backend megatron the parallelism / recompute flags reach the engine's
     config (refused by the torch backend, as above)."""
-    from turnrl_app_tau.stages import trainer_config
 
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
 
@@ -226,7 +233,6 @@ def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
 
 def test_sequence_parallel_reaches_the_megatron_engine_on_the_cpu() -> None:
     """The CPU trains TP with sequence parallelism too (grpo-core's CPU shims)."""
-    from turnrl_app_tau.stages import trainer_config
 
     words = [*MEGATRON_RAY, "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
     config = resolve(words, {}).config

@@ -51,12 +51,6 @@ def sampling(config: RetoolAppConfig) -> dict[str, float]:
     return {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
 
 
-def trainer_config(model_path: Path, config: RetoolAppConfig) -> Any:
-    """The engine config of each RL trainer rank (``schema.trainer_config``) sampling as
-    the rollouts do."""
-    return schema.trainer_config(config, model_path, **sampling(config))
-
-
 @contextlib.contextmanager
 def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
     """The external ``--sandbox-url``, or an embedded ``turnrl-sandbox serve`` for the run."""

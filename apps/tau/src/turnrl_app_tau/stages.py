@@ -92,11 +92,6 @@ def sampling(config: TauAppConfig) -> dict[str, float]:
     return {"temperature": config.rollout.rollout_temperature}
 
 
-def trainer_config(config: TauAppConfig, policy: Path) -> Any:
-    """What every GRPO trainer builds from ``policy`` (``schema.trainer_config``)."""
-    return schema.trainer_config(config, policy, **sampling(config))
-
-
 class TauStages:
     """The tau app's part of a run (``recipe.stages.App``)."""
 
