@@ -1,4 +1,5 @@
-"""DAPO in the RL stage: its console lines and the config/CLI switches (including bad values).
+"""DAPO in the RL stage: the config/CLI switches (including bad values); its console line
+is grpo-core's ``format_step_line``.
 The shaping and filter values are tool-envs' (``turnrl.tool_envs.dapo``), the filter
 grpo-core's RolloutManager (their tests, and the app's vllm smoke run)."""
 
@@ -7,23 +8,6 @@ from __future__ import annotations
 import pytest
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.config import preset
-from turnrl_app_retool.stages import step_line
-
-
-def test_step_lines_say_what_the_filter_did() -> None:
-    exhausted = {
-        "rollout/reward_mean": -0.9,
-        "rollout/groups_kept": 1.0,
-        "rollout/groups_filtered": 6.0,
-        "rollout/sampling_rounds": 3.0,
-        "rollout/filter_exhausted": 1.0,
-        "rollout/episode_retries": 2.0,
-    }
-    line = step_line(1, exhausted, filtering=True)
-    assert "kept 1 / filtered 6 in 3 round(s)" in line and "max rounds reached" in line
-    assert "2 episode(s) re-run" in line
-    plain = {"rollout/reward_mean": 0.1, "rollout/groups_uniform": 3, "rollout/groups_generated": 8}
-    assert "equal rewards 3 of 8 (not filtered)" in step_line(2, plain, filtering=False)
 
 
 def test_dapo_presets_and_flags() -> None:

@@ -67,6 +67,21 @@ def test_step_line_skips_absent_metrics_and_adds_validation() -> None:
     assert line == "step 2 | engine/trainer |dlogp| 0.0012"
 
 
+def test_step_line_says_what_the_rollout_did_with_the_groups() -> None:
+    plain = {"rollout/groups_uniform": 3, "rollout/groups_generated": 8, "rollout/groups_kept": 8}
+    assert format_step_line(2, plain) == "step 2 | groups 3/8 equal-reward"
+    exhausted = {
+        **{"rollout/acc_mean_all": 0.25, "rollout/groups_generated": 21.0},
+        **{"rollout/groups_uniform": 20.0, "rollout/groups_kept": 1.0},
+        **{"rollout/groups_filtered": 6.0, "rollout/sampling_rounds": 3.0},
+        "rollout/filter_exhausted": 1.0,
+    }
+    assert format_step_line(1, exhausted) == (
+        "step 1 | acc 0.250 | groups 20/21 equal-reward, kept 1 / filtered 6 in 3 round(s), "
+        "max rounds reached: short of informative groups"
+    )
+
+
 def test_step_line_accepts_numpy_and_torch_scalars() -> None:
     metrics = {"train/loss": np.float32(0.25), "train/entropy": torch.tensor(2.0)}
     assert format_step_line(1, metrics) == "step 1 | loss +0.2500 | entropy 2.000"  # type: ignore[arg-type]

@@ -19,14 +19,12 @@ from pathlib import Path
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
-from turnrl.grpo_core.recipe.run_folder import AppConfig
 from turnrl.grpo_core.recipe.schema import (
+    AppConfig,
     ClusterConfig,
-    EngineConfig,
     ModelConfig,
     ParallelConfig,
 )
-from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 from turnrl.tool_envs.dapo import DapoConfig
 
@@ -114,26 +112,14 @@ class SandboxConfig:
 
 @dataclass
 class RetoolAppConfig(AppConfig):
-    """Everything one ReTool run needs."""
+    """Everything one ReTool run needs (the shared sections: ``AppConfig``; the RL loss's
+    defaults are the recipe's: clip 0.2 / 0.28, dual clip 10, token-mean, no KL)."""
 
-    preset: str = "cpu-default"
-    """The preset this config came from."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(tiny_hidden_size=128))
-    """The policy model."""
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
-    """Where trainer ranks and engines run (the Ray runner unless ``--runner local``: one
-    trainer in this process, engines as child processes)."""
     parallel: ParallelConfig = field(
         default_factory=lambda: ParallelConfig(micro_batch_size=16, seq_length=1024)
     )
-    """The RL trainer's backend and parallelism (SFT always runs torch); ``seq_length`` is
-    SFT's longest chat."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Datasets."""
-    sft: SFTStageConfig = field(default_factory=SFTStageConfig)
-    """Stage 1."""
-    rl: RLStageConfig = field(default_factory=RLStageConfig)
-    """Stage 2."""
     loop: LoopConfig = field(
         default_factory=lambda: LoopConfig(
             num_rollout=30,
@@ -143,31 +129,20 @@ class RetoolAppConfig(AppConfig):
             rollout_shuffle=True,
         )
     )
-    """Stage 2's steps and batches (verl's train batch size is ``rollout_batch_size``,
-    its mini-batch x n ``global_batch_size``)."""
     loss: ActorLossConfig = field(default_factory=lambda: ActorLossConfig(dual_clip_c=10.0))
-    """Stage 2's actor loss: clip 0.2 / 0.28 (DAPO clip-higher), dual clip 10, token-mean,
-    no KL (the recipe's)."""
     optimizer: OptimizerConfig = field(
         default_factory=lambda: OptimizerConfig(lr=2e-4, weight_decay=0.0)
     )
-    """Stage 2's AdamW (SFT has its own learning rate)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets."""
+    rl: RLStageConfig = field(default_factory=RLStageConfig)
+    """GRPO/DAPO with the sandbox (steps and batches: ``loop``)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Validation."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Code interpreter."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    """Inference engines' settings."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the recipe sets (the NPU ones), applied before engines start."""
-    run_dir: str | None = None
-    """Run folder [--run-dir]; default ``runs/retool-<timestamp>``."""
-    seed: int = 0
-    """Seed of data generation, model initialisation and sampling [--seed]."""
-    logger: list[str] = field(default_factory=list)
-    """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
-    mlflow, swanlab, offline / local files in the run folder unless their own environment
-    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
 
     def validate(self) -> RetoolAppConfig:
         """Check cross-field rules of the app's sections (the shared ones:

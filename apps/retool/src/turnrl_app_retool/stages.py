@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
+from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
@@ -181,34 +182,10 @@ class RetoolServing:
             metrics.update(stats.take())  # the same dict lands in the loop's history
             # Also under verl's names, so curves line up with a verl ReTool run.
             metrics.update({v: metrics[k] for k, v in VERL_ALIASES.items() if k in metrics})
-            return step_line(step, metrics, rl.dynamic_sampling)
+            return format_step_line(step, metrics, self.config.loop.num_rollout)
 
         def draw_from(loop: Any) -> None:  # DAPO's extra rounds draw from the loop's data
             manager.prompt_source = loop.data.next
 
         extra_rounds = draw_from if rl.dynamic_sampling else None
         return Rollout(self.datasets.train, manager.generate, keep_rewards, line, extra_rounds)
-
-
-def step_line(step: int, metrics: dict[str, float], filtering: bool) -> str:
-    """The console line of one RL step (reward, accuracy, groups filtered, seconds)."""
-    line = (
-        f"RL step {step}: reward {metrics['rollout/reward_mean']:+.3f}, "
-        f"acc {metrics.get('rollout/acc_mean_all', 0.0):.3f}"
-    )
-    if filtering:
-        line += (
-            f", groups kept {metrics.get('rollout/groups_kept', 0.0):.0f} / "
-            f"filtered {metrics.get('rollout/groups_filtered', 0.0):.0f} "
-            f"in {metrics.get('rollout/sampling_rounds', 1.0):.0f} round(s)"
-        )
-        if metrics.get("rollout/filter_exhausted"):
-            line += " (max rounds reached: short of informative groups)"
-    else:
-        line += (
-            f", groups with equal rewards {metrics.get('rollout/groups_uniform', 0.0):.0f}"
-            f" of {metrics.get('rollout/groups_generated', 0.0):.0f} (not filtered)"
-        )
-    if metrics.get("rollout/episode_retries"):
-        line += f", {metrics['rollout/episode_retries']:.0f} episode(s) re-run"
-    return line + f", {metrics.get('perf/step_s', 0.0):.1f}s"

@@ -15,18 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnrl.grpo_core.algos import ActorLossConfig
-from turnrl.grpo_core.loop import LoopConfig
 from turnrl.grpo_core.recipe.presets import load_preset, preset_names
-from turnrl.grpo_core.recipe.run_folder import AppConfig, config_from_dict
-from turnrl.grpo_core.recipe.schema import (
-    ClusterConfig,
-    EngineConfig,
-    ModelConfig,
-    ParallelConfig,
-)
+from turnrl.grpo_core.recipe.run_folder import config_from_dict
+from turnrl.grpo_core.recipe.schema import AppConfig
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 from turnrl.tool_envs.tau_data import TauTaskConfig
 
 TAU_REWARDS = ("shaped-group-max", "task")
@@ -111,32 +103,9 @@ class TauSettings(TauTaskConfig):
 
 @dataclass
 class TauAppConfig(AppConfig):
-    """Everything one run of the tau app needs."""
+    """Everything one run of the tau app needs (the shared sections: ``AppConfig``)."""
 
-    preset: str = "cpu-default"
-    """Name of the preset the run started from."""
-    run_dir: str | None = None
-    """Run folder [--run-dir]; None: runs/tau-<timestamp>."""
     seed: int = 1234
-    """Global seed [--seed]."""
-    logger: list[str] = field(default_factory=list)
-    """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
-    mlflow, swanlab, offline / local files in the run folder unless their own environment
-    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Policy model."""
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    """Devices."""
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Trainer backend and parallelism."""
-    loop: LoopConfig = field(default_factory=LoopConfig)
-    """Steps and batch sizes of the GRPO loop."""
-    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
-    """GRPO actor loss (clip, KL, entropy)."""
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    """AdamW settings."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    """Inference engines' settings."""
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     """Sampling, episodes."""
     tau: TauSettings = field(default_factory=TauSettings)

@@ -42,6 +42,7 @@ RESERVED_KEYS = ("step", "time", "phase")
 # (metric, label, format) in console order; a metric absent from the step is skipped.
 _LINE_FIELDS = (
     ("rollout/reward_mean", "reward", "{:.3f}"),
+    ("rollout/acc_mean_all", "acc", "{:.3f}"),
     ("train/loss", "loss", "{:+.4f}"),
     ("train/kl_loss", "kl", "{:.4f}"),
     ("train/entropy", "entropy", "{:.3f}"),
@@ -61,7 +62,8 @@ def format_step_line(step: int, metrics: dict[str, float], total: int | None = N
     """One console line for a training step.
 
     Shows reward, loss, KL loss, entropy, clip fraction, response length, turns, rollout
-    tokens/s, the engine/trainer log-prob mismatch, the seconds of each phase (rollout /
+    tokens/s, the engine/trainer log-prob mismatch, the groups with equal rewards (and what
+    a dynamic filter kept, in how many rounds), the seconds of each phase (rollout /
     train / sync) with the engines' busy fraction, episodes re-run after engine failures
     and any ``val-core/`` result, skipping whatever the step did not report. Example::
 
@@ -94,12 +96,40 @@ def format_step_line(step: int, metrics: dict[str, float], total: int | None = N
         phases.append(f"(engines busy {_number('rollout/engine_busy_frac', busy):.0%})")
     if phases:
         parts.append("time " + " ".join(phases))
+    if (groups := _groups(metrics)) is not None:
+        parts.append(groups)
     if retries := metrics.get("rollout/episode_retries"):
         count = _number("rollout/episode_retries", retries)
         parts.append(f"{count:.0f} episode(s) re-run (engine failures)")
     for key in sorted(k for k in metrics if k.startswith(_VAL_PREFIX)):
         parts.append(f"{key[len(_VAL_PREFIX) :]} {_number(key, metrics[key]):.3f}")
     return " | ".join(parts)
+
+
+def _groups(metrics: dict[str, float]) -> str | None:
+    """What the rollout manager did with the step's groups: how many had equal rewards
+    (no advantage), and, when a dynamic filter dropped some or drew more rounds, how many
+    it kept."""
+    if not any(f"rollout/{k}" in metrics for k in _GROUP_KEYS):
+        return None
+    n = {k: _number(f"rollout/{k}", metrics.get(f"rollout/{k}", 0.0)) for k in _GROUP_KEYS}
+    parts = []
+    if n["groups_generated"]:
+        parts.append(f"groups {n['groups_uniform']:.0f}/{n['groups_generated']:.0f} equal-reward")
+    if n["groups_filtered"] or n["sampling_rounds"] > 1:
+        parts.append(
+            f"kept {n['groups_kept']:.0f} / filtered {n['groups_filtered']:.0f} in "
+            f"{max(n['sampling_rounds'], 1):.0f} round(s)"
+        )
+    if n["filter_exhausted"]:
+        parts.append("max rounds reached: short of informative groups")
+    return ", ".join(parts) or None
+
+
+_GROUP_KEYS = (
+    *("groups_uniform", "groups_generated", "groups_kept", "groups_filtered"),
+    *("sampling_rounds", "filter_exhausted"),
+)
 
 
 def _check_step(step: int) -> None:

@@ -68,21 +68,6 @@ def read_run_config(run_dir: str | Path | None) -> dict[str, Any]:
     return data
 
 
-class AppConfig:
-    """What every app's config dataclass has: its dict, and ``config.json``."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    def save(self, folder: str | Path) -> Path:
-        """Write the config to ``folder/config.json`` (what ``--resume`` reads)."""
-        path = Path(folder) / "config.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return path
-
-
 def config_from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
     """Rebuild the dataclass ``cls`` from its ``dataclasses.asdict`` output, or from part of
     it: a key left out keeps its value in ``base`` (default ``cls()``), and a field whose

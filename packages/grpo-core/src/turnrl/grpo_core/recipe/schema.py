@@ -1,11 +1,12 @@
 """The settings every app shares, under slime's flag names, and the refusal of those a run
 cannot honour.
 
-An app's config nests :class:`ModelConfig`, :class:`ClusterConfig`, :class:`ParallelConfig`
-and :class:`EngineConfig` as its ``model``, ``cluster``, ``parallel`` and ``engine``
-sections, grpo-core's ``LoopConfig``, ``ActorLossConfig`` and ``OptimizerConfig`` as
-``loop``, ``loss`` and ``optimizer`` (and has ``seed`` and ``logger``);
-:func:`add_schema_flags` adds their flags to its parser. From them come the Ray placement
+An app's config subclasses :class:`AppConfig`: :class:`ModelConfig`, :class:`ClusterConfig`,
+:class:`ParallelConfig` and :class:`EngineConfig` as its ``model``, ``cluster``, ``parallel``
+and ``engine`` sections, grpo-core's ``LoopConfig``, ``ActorLossConfig``,
+``OptimizerConfig`` and ``SFTStageConfig`` as ``loop``, ``loss``, ``optimizer`` and ``sft``
+(and ``seed``, ``logger``, ``run_dir``, ``preset``); :func:`add_schema_flags` adds their
+flags to its parser. From them come the Ray placement
 (:func:`placement_config`), every trainer's engine config (:func:`trainer_config`: torch
 FSDP2, or megatron with its parallelism), the inference engines and the router over them
 (:func:`engine_spec`, :func:`engines`, :func:`router_config`). :func:`refusals` lists, one
@@ -22,7 +23,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, add_flags
+from turnrl.grpo_core.recipe.sft import SFTStageConfig
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.placement.plan import PlacementConfig
@@ -187,6 +192,50 @@ class EngineConfig:
     """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
     extra_args: list[str] = field(default_factory=list)
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
+
+
+@dataclass
+class AppConfig:
+    """The sections every app's config has; an app's dataclass adds its own and may change
+    a default."""
+
+    preset: str = "cpu-default"
+    """Name of the preset the run started from (or the path of the user's ``.toml``)."""
+    run_dir: str | None = None
+    """Run folder [--run-dir]; None: runs/<app>-<timestamp>."""
+    seed: int = 0
+    """Seed of data order, sampling and (unless ``model.tiny_seed``) the tiny model [--seed]."""
+    logger: list[str] = field(default_factory=list)
+    """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
+    mlflow, swanlab, offline / local files in the run folder unless their own environment
+    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Devices, and where trainer ranks and engines run."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The RL trainer's backend and parallelism (SFT always runs torch)."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    """RL's steps and batch sizes."""
+    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
+    """RL's actor loss (clip, KL, entropy)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """RL's AdamW (SFT has its own learning rate)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Inference engines' settings."""
+    sft: SFTStageConfig = field(default_factory=SFTStageConfig)
+    """The SFT stage before RL."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return asdict(self)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write the config to ``folder/config.json`` (what ``--resume`` reads)."""
+        path = Path(folder) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
 
 
 # (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The slime
