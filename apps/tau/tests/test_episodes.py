@@ -7,7 +7,7 @@ from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.stages import prefix, rollout_config
+from turnrl_app_tau.stages import TauStages, prefix, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -82,3 +82,19 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
         TauSettings(sft_prefix_steps=-1)
     with pytest.raises(ValueError, match="sft_prefix_loss"):
         TauSettings(sft_prefix_loss=-0.1)
+
+
+def test_sft_without_the_training_tasks_sees_only_other_stores() -> None:
+    """``--no-sft-train-tasks``: no conversation of a training task (no order id of the
+    run's store) is in the SFT data; without other stores to train on it is refused."""
+    config = resolve(["--smoke", "--sft-extra-stores", "1", "--no-sft-train-tasks"], {}).config
+    data = load_tasks_and_domain(config.tau)
+    chats = TauStages(config, data, [], None).sft_data()
+    with_tasks = resolve(["--smoke", "--sft-extra-stores", "1"], {}).config
+    both = TauStages(with_tasks, data, [], None).sft_data()
+    assert chats is not None and both is not None
+    assert len(both.chats) == len(chats.chats) + len(data.train)
+    own = {str(data.conversation(task)) for task in data.train}
+    assert own & {str(c) for c in both.chats} and not own & {str(c) for c in chats.chats}
+    with pytest.raises(ValueError, match="sft_train_tasks off needs other stores"):
+        TauSettings(domain="synthetic", sft_train_tasks=False)

@@ -72,6 +72,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-inflight", "rollout.max_inflight", int, "episodes in flight (TAU_MAX_INFLIGHT)"),
     ("--short-tools", "rollout.short_tools", ON, "tool schemas without descriptions"),
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
+    ("--no-sft-train-tasks", "tau.sft_train_tasks", OFF, "SFT on the extra stores only"),
     ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
     ("--sft-prefix-loss", "tau.sft_prefix_loss", float, "end the prefix steps at this loss"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),

@@ -72,6 +72,10 @@ class TauSettings(TauTaskConfig):
     """Synthetic domain: gold conversations of this many other generated stores (other seeds:
     other customers and orders, none of the held-out ones) join the SFT data, so the model
     learns to copy ids from the conversation instead of memorising the training tasks."""
+    sft_train_tasks: bool = True
+    """The training tasks' own gold conversations join the SFT data; False (synthetic, with
+    ``sft_extra_stores``): SFT sees only other stores, so RL's tasks are new to the model and
+    it cannot lean on ids it memorised from them."""
     sft_prefix_steps: int = 0
     """SFT steps run first on short prefixes of the conversations (each cut after its
     ``sft_prefix_turns``-th assistant turn), ``sft_prefix_batch_size`` at a time: a cheap
@@ -99,6 +103,11 @@ class TauSettings(TauTaskConfig):
             raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:
             raise ValueError(f"sft_extra_stores must be >= 0, got {self.sft_extra_stores}")
+        if not self.sft_train_tasks and not (self.domain == "synthetic" and self.sft_extra_stores):
+            raise ValueError(
+                "sft_train_tasks off needs other stores to train on: the synthetic domain "
+                "and sft_extra_stores >= 1"
+            )
 
 
 @dataclass

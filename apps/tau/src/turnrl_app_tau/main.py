@@ -122,8 +122,8 @@ def _summary(
         "train_history": result.history,
         "reward_before": before["reward"],
         "reward_after": after["reward"],
-        "pass1_before": before["pass^1"],
-        "pass1_after": after["pass^1"],
+        "pass1_before": before.get("pass^1"),
+        "pass1_after": after.get("pass^1"),
     }
 
 

@@ -108,7 +108,7 @@ class TauStages:
         t, sft, data = self.config.tau, self.config.sft, self.data
         if not data.train:
             return None
-        chats = [data.conversation(task) for task in data.train]
+        chats = [data.conversation(task) for task in data.train] if t.sft_train_tasks else []
         if t.sft_extra_stores and t.domain == "synthetic":
             chats += extra_store_conversations(t, t.sft_extra_stores)
         elif t.sft_extra_stores:
