@@ -11,7 +11,9 @@ from rich.console import Console
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.main import accuracy, make_summary, results_table, standard_errors
-from turnrl_app_retool.stages import RetoolStages, sandbox_url
+from turnrl_app_retool.stages import RetoolStages
+
+from turnrl.tool_envs.sandbox.embedded import sandbox_url
 
 
 def test_generated_datasets_keep_heldout_apart() -> None:
@@ -73,7 +75,7 @@ def test_aime_files_replace_generated_validation(tmp_path: Path) -> None:
 
 def test_external_sandbox_url_starts_nothing() -> None:
     config, _ = resolve(["--smoke", "--sandbox-url", "http://127.0.0.1:9"])
-    with sandbox_url(config) as url:
+    with sandbox_url(config.sandbox.url, config.sandbox.insecure) as url:
         assert url == "http://127.0.0.1:9"
 
 
@@ -86,7 +88,7 @@ def test_embedded_sandbox_runs_for_the_block_only() -> None:
     able = can_contain()
     config, _ = resolve(["--smoke", *([] if able else ["--sandbox-insecure"])])
     assert config.sandbox.insecure is not able
-    with sandbox_url(config) as url:
+    with sandbox_url(config.sandbox.url, config.sandbox.insecure) as url:
         assert requests.get(f"{url}/v1/ping", timeout=5).json()["contained"] is able
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/v1/ping", timeout=5)

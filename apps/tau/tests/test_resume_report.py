@@ -14,7 +14,7 @@ import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import console, trajectory_text, verdict
+from turnrl_app_tau.report import console, verdict
 from turnrl_app_tau.stages import TauStages
 
 from turnrl.grpo_core.recipe import load_progress
@@ -122,20 +122,23 @@ def test_verdict_pairs_the_tasks_when_both_evaluations_list_them() -> None:
 
 
 def test_step_samples_are_written_as_text(tmp_path: Path) -> None:
-    from types import SimpleNamespace
+    from turnrl.tool_envs.trajectory import Trajectory
 
-    traj = SimpleNamespace(
+    traj = Trajectory(
+        [1],
+        [],
+        [],
+        [],
         messages=[
             {"role": "user", "content": "Cancel order #W1."},
             {"role": "assistant", "content": "", "tool_calls": [{"name": "get_order_details"}]},
         ],
-        status="completed",
         reward=1.0,
     )
     from turnrl.grpo_core.observe.logger import StepLogger
 
     with StepLogger(tmp_path, console=False, tensorboard=False) as logger:
-        logger.log_samples(3, [trajectory_text(traj)])  # as the RL stage's on_metrics does
+        logger.log_samples(3, [traj.text()])  # as the RL stage's on_metrics does
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["step"] == 3
     text = json.dumps(rows[0])

@@ -81,3 +81,14 @@ def test_an_embedded_sandbox_stops_when_the_process_that_started_it_is_killed(tm
         time.sleep(0.1)
     os.killpg(server, signal.SIGKILL)
     raise AssertionError("the sandbox server outlived the process that started it")
+
+
+def test_sandbox_url_passes_an_external_url_or_serves_for_the_block_only():
+    from turnrl.tool_envs.sandbox.embedded import can_contain, sandbox_url
+
+    with sandbox_url("http://127.0.0.1:9") as url:  # an external server: nothing started
+        assert url == "http://127.0.0.1:9"
+    with sandbox_url(insecure=not can_contain()) as url:
+        assert requests.get(f"{url}/v1/ping", timeout=5).status_code == 200
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{url}/v1/ping", timeout=5)

@@ -89,6 +89,23 @@ def test_trajectory_round_trips_through_json():
     assert back == t and back.ids == [1, 2, 3, 4] and back.num_generated_tokens == 1
 
 
+def test_trajectory_text_shows_each_message_its_tool_calls_status_and_reward():
+    call = {"name": "get_order_details", "arguments": {"order_id": "#W1"}}
+    t = Trajectory(
+        [1],
+        [],
+        [],
+        [],
+        messages=[USER, {"role": "assistant", "content": None, "tool_calls": [call]}],
+        status="truncated",
+        reward=0.5,
+    )
+    lines = t.text().splitlines()
+    assert lines[0].startswith("[user] ") and USER["content"] in lines[0]
+    assert lines[1] == f"[assistant] {json.dumps([call])}"
+    assert lines[-1] == "status=truncated reward=0.5"
+
+
 @pytest.mark.parametrize(
     ("limits", "match"),
     [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from turnrl.tool_envs.retool_episodes import (
     run_tasks,
 )
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
+from turnrl.tool_envs.sandbox.embedded import sandbox_url
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.episodes import episode_settings, summarize
@@ -50,18 +51,6 @@ VERL_ALIASES = {
 def sampling(config: RetoolAppConfig) -> dict[str, float]:
     """The rollouts' sampling, which the trainer's log-probs follow."""
     return {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
-
-
-@contextlib.contextmanager
-def sandbox_url(config: RetoolAppConfig) -> Iterator[str]:
-    """The external ``--sandbox-url``, or an embedded ``turnrl-sandbox serve`` for the run."""
-    if config.sandbox.url:
-        yield config.sandbox.url
-        return
-    from turnrl.tool_envs.sandbox.embedded import EmbeddedSandbox
-
-    with EmbeddedSandbox(*(["--insecure"] if config.sandbox.insecure else [])) as sandbox:
-        yield sandbox.url
 
 
 class RetoolStages:
@@ -89,7 +78,7 @@ class RetoolStages:
     @contextlib.asynccontextmanager
     async def serving(self, policy: Path, urls: list[str], router: Any) -> AsyncIterator[Any]:
         box = self.config.sandbox
-        with sandbox_url(self.config) as url:
+        with sandbox_url(box.url, box.insecure) as url:
             client = SandboxClient(
                 SandboxClientConfig(
                     url=url,

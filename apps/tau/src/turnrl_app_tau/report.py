@@ -1,8 +1,7 @@
-"""What the user sees: console lines, episodes as text, the final table, the verdict."""
+"""What the user sees: the console, the final table, the verdict."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
@@ -12,18 +11,6 @@ from turnrl.grpo_core.recipe.evaluation import delta_stderr
 from turnrl.grpo_core.recipe.evaluation import verdict as recipe_verdict
 
 console = Console(highlight=False)
-
-
-def trajectory_text(traj: Any) -> str:
-    """One episode as plain text: every message with its role, then status and reward."""
-    lines = []
-    for message in getattr(traj, "messages", []):
-        body = message.get("content") or ""
-        if message.get("tool_calls"):
-            body += f" {json.dumps(message['tool_calls'], default=str)}"
-        lines.append(f"[{message.get('role', '?')}] {body}".rstrip())
-    lines.append(f"status={getattr(traj, 'status', '?')} reward={getattr(traj, 'reward', 0.0)}")
-    return "\n".join(lines)
 
 
 def final_table(

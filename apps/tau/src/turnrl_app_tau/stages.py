@@ -35,10 +35,10 @@ from turnrl.tool_envs.tau_data import (
     user_factory,
 )
 from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
-from turnrl.tool_envs.trajectory import TrajectoryLimits
+from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.report import console, trajectory_text
+from turnrl_app_tau.report import console
 
 
 def rollout_config(
@@ -200,12 +200,12 @@ class TauServing:
 
         async def generate_and_keep(prompts: list[Any], n: int) -> list[Any]:
             samples = await generate(prompts, n)
-            shown[:] = samples[:2]
+            shown[:] = [s for s in samples[:2] if isinstance(s, Trajectory)]  # a hook's may not be
             return samples
 
         def line(step: int, metrics: dict[str, float]) -> str:
             if shown:
-                self.logger.log_samples(step, [trajectory_text(t) for t in shown])
+                self.logger.log_samples(step, [t.text() for t in shown])
             return format_step_line(step, metrics, self.config.loop.num_rollout)
 
         return Rollout(self.data.train, generate_and_keep, reward, line)

@@ -26,6 +26,7 @@ Rules turnrl follows (see the package README):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
@@ -108,6 +109,17 @@ class Trajectory:
     def num_generated_tokens(self) -> int:
         """Tokens the policy generated (``sum(loss_mask)``)."""
         return sum(self.loss_mask)
+
+    def text(self) -> str:
+        """The episode as plain text for logs: every message with its role (tool calls as
+        JSON), then status and reward."""
+        lines = []
+        for message in self.messages:
+            calls = message.get("tool_calls")
+            parts = [message.get("content") or "", json.dumps(calls, default=str) if calls else ""]
+            lines.append(f"[{message.get('role', '?')}] {' '.join(p for p in parts if p)}".rstrip())
+        lines.append(f"status={self.status} reward={self.reward}")
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""

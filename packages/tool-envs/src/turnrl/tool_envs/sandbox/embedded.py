@@ -10,11 +10,13 @@ The server runs in its own process group; :meth:`EmbeddedSandbox.stop` ends that
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 import requests
@@ -137,6 +139,17 @@ def sandbox_processes(base_uid: int = 2_000_000, count: int = 1 << 27) -> list[i
 
 
 _SHARED: dict[tuple[str, ...], EmbeddedSandbox] = {}
+
+
+@contextlib.contextmanager
+def sandbox_url(url: str | None = None, insecure: bool = False) -> Iterator[str]:
+    """``url`` (an external SandboxFusion server: nothing started), or an embedded server
+    for the block (``--insecure`` with ``insecure``: serve where it cannot contain runs)."""
+    if url:
+        yield url
+        return
+    with EmbeddedSandbox(*(["--insecure"] if insecure else [])) as sandbox:
+        yield sandbox.url
 
 
 def shared_sandbox(*args: str) -> EmbeddedSandbox:
