@@ -17,6 +17,7 @@ from turnrl.grpo_core.recipe.flags import (
     ON,
     add_flags,
     add_run_flags,
+    env_fields,
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.presets import load_preset
@@ -117,3 +118,10 @@ def test_contradictions_and_missing_runs_are_refused(
 ) -> None:
     with pytest.raises(error, match=message):
         _resolve(folder, argv)
+
+
+def test_environment_variables_set_their_fields_and_a_bad_value_is_named() -> None:
+    table = [("X_TURNS", "loop.turns", int), ("X_NAME", "name", str)]
+    assert env_fields(table, {"X_TURNS": "3", "X_NAME": "  ", "OTHER": "1"}) == {"loop.turns": 3}
+    with pytest.raises(ValueError, match="environment variable X_TURNS='three' is not valid"):
+        env_fields(table, {"X_TURNS": "three"})

@@ -22,6 +22,7 @@ from turnrl.grpo_core.recipe.flags import (
     add_flags,
     add_run_flags,
     comma_list,
+    env_fields,
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.schema import SCHEMA_FLAG_OF, SCHEMA_FLAGS, add_schema_flags
@@ -152,12 +153,5 @@ def resolve(
     """
     args = vars(build_parser().parse_args(list(argv) if argv is not None else None))
     command, resume = args.pop("command"), args["resume"]
-    env = os.environ if environ is None else environ
-    from_env = {}
-    for var, dotted, convert in _ENV_VARS:
-        if env.get(var, "").strip():
-            try:
-                from_env[dotted] = convert(env[var])
-            except ValueError:
-                raise ValueError(f"environment variable {var}={env[var]!r} is not valid") from None
+    from_env = env_fields(_ENV_VARS, os.environ if environ is None else environ)
     return Invocation(command, from_dict(resolve_fields(args, preset, from_env)), resume)

@@ -88,6 +88,27 @@ def set_field(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+def env_fields(
+    table: Iterable[tuple[str, str, Callable[[str], Any]]], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """The fields that environment variables set: ``(variable, "section.field", convert)``
+    for each one that is set and not blank (for :func:`resolve_fields`'s ``defaults``).
+
+    Raises:
+        ValueError: a value ``convert`` rejects (the variable named).
+    """
+    fields = {}
+    for var, dotted, convert in table:
+        if environ.get(var, "").strip():
+            try:
+                fields[dotted] = convert(environ[var])
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {var}={environ[var]!r} is not valid"
+                ) from None
+    return fields
+
+
 def resolve_fields(
     args: dict[str, Any],
     preset: Callable[[str], Any],
