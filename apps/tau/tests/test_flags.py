@@ -102,7 +102,6 @@ def test_the_cpu_presets_ask_for_nothing_unhonoured_and_the_real_ones_say_all_at
 
 
 def test_the_memory_margin_reaches_the_trainer_and_is_refused_on_the_cpu() -> None:
-
     words = ["--train-memory-margin-bytes", "1024"]
     on_gpu = resolve([*words, "--device", "gpu"], {}).config
     assert not not_honoured(on_gpu)
@@ -176,7 +175,6 @@ MEGATRON_RAY = ["--train-backend", "megatron", "--runner", "ray", "--actor-num-g
 def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
     """Under --train-backend megatron the parallelism / recompute flags reach the engine's
     config (refused by the torch backend, as above)."""
-
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
 
     words = [
@@ -233,7 +231,6 @@ def test_what_the_megatron_backend_cannot_run_is_refused_at_start(
 
 def test_sequence_parallel_reaches_the_megatron_engine_on_the_cpu() -> None:
     """The CPU trains TP with sequence parallelism too (grpo-core's CPU shims)."""
-
     words = [*MEGATRON_RAY, "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
     config = resolve(words, {}).config
     assert not not_honoured(config)
