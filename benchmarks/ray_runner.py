@@ -82,7 +82,7 @@ def step_figures(summary: dict[str, Any]) -> dict[str, float]:
     out = {f"mean {key}": statistics.fmean(s[key] for s in steps) for key in PARTS}
     out["steps averaged"] = len(steps)
     for phase in STARTUP:
-        out[f"phase {phase}"] = summary["phase_seconds"].get(phase, 0.0)
+        out[f"phase {phase}"] = summary["phases_s"].get(phase, 0.0)
     out["process seconds"] = summary["process_seconds"]
     out["rl seconds per step"] = out["phase rl"] / len(summary["train_history"])
     return out

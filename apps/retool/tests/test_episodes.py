@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from turnrl_app_retool.config import preset
-from turnrl_app_retool.episodes import episode_settings, summarize
+from turnrl_app_retool.episodes import episode_settings, validation_record
 
 from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.npu_runtime.net import free_port
@@ -89,9 +89,10 @@ async def test_tool_using_policy_is_correct_and_rewarded(chat, sandbox_client) -
         text = chat.decode(t.response_ids)
         assert f"<tool_response>\n{t.metadata['answer']}\n</tool_response>" in text
         assert sum(t.loss_mask) < len(t.response_ids) and tool_ids
-    metrics = summarize(trajs, "synth_arith", 2)
-    assert metrics["val-core/synth_arith/acc/mean@2"] == 1.0
-    assert metrics["val-aux/num_turns/mean"] == 4.0
+    record = validation_record({"synth_arith": trajs}, 1.0)
+    assert record["datasets"]["synth_arith"]["score"] == 1.0 and record["trials"] == 2
+    assert record["metrics"]["num_turns"] == 2.0 and record["metrics"]["reward"] == 1.0
+    assert record["metrics"]["pass^2"] == 1.0
     assert "\\boxed{" in generations_text(trajs, chat, limit=1)
 
 
@@ -102,13 +103,13 @@ async def test_wrong_answers_get_the_tool_bonus_only_with_tools(chat, sandbox_cl
     no_tool = await run_tasks(ScriptedPolicy(chat, use_tool=False, wrong=True), settings, items, 1)
     assert [t.reward for t in with_tool] == [-0.9, -0.9]  # -1 + 0.1 x 1 round
     assert [t.reward for t in no_tool] == [-1.0, -1.0]
-    assert summarize(no_tool, "x", 1)["val-aux/num_turns/mean"] == 2.0
-    assert summarize(with_tool, "x", 1)["val-core/x/acc/mean@1"] == 0.0
+    assert validation_record({"x": no_tool}, 1.0)["metrics"]["num_turns"] == 1.0
+    assert validation_record({"x": with_tool}, 1.0)["score"] == 0.0
 
 
-def test_summarize_needs_episodes() -> None:
+def test_a_validation_record_needs_episodes() -> None:
     with pytest.raises(ValueError, match="no episodes"):
-        summarize([], "x", 1)
+        validation_record({"x": []}, 1.0)
 
 
 async def test_a_sandbox_outage_is_counted_not_scored(chat, sandbox_client) -> None:
@@ -120,11 +121,12 @@ async def test_a_sandbox_outage_is_counted_not_scored(chat, sandbox_client) -> N
     lost = await run_tasks(ScriptedPolicy(chat), down, tasks(2), n=1, group_prefix="d")
     assert [t.status for t in lost] == ["failed", "failed"]
     assert lost[0].metadata["error"].startswith("SandboxUnavailableError")
-    metrics = summarize(good + lost, "x", 1)
-    assert metrics["val-core/x/acc/mean@1"] == 1.0  # the outage did not count as wrong
-    assert metrics["val-aux/x/failed_episodes"] == 2.0 and metrics["val-aux/num_episodes"] == 2.0
-    with pytest.raises(RuntimeError, match=r"every x episode failed, e\.g\. SandboxUnavailable"):
-        summarize(lost, "x", 1)
+    record = validation_record({"x": good + lost}, 1.0)
+    assert record["score"] == 1.0  # the outage did not count as wrong
+    assert record["failed"] == 0.5 and record["per_item"]["x"] == [1.0, 1.0, None, None]
+    assert record["error"].startswith("SandboxUnavailableError")
+    with pytest.raises(RuntimeError, match=r"every held-out episode failed, e\.g\. SandboxUnav"):
+        validation_record({"x": lost}, 1.0)
 
 
 async def test_tool_schema_in_prompt_is_a_setting(chat, sandbox_client) -> None:
@@ -146,6 +148,6 @@ async def test_per_problem_accuracy_and_its_standard_error(chat, sandbox_client)
     trajs = [right[0], wrong[0], right[2], right[3], wrong[2], wrong[3]]
     trajs[1].group_id = "a-0"  # problem a-0: one right, one wrong
     assert per_problem_accuracy(trajs) == [0.5, 1.0, 0.0]
-    metrics = summarize(trajs, "x", 2)
-    assert metrics["val-core/x/acc/mean@2"] == pytest.approx(0.5)
-    assert metrics["val-aux/x/acc/stderr@2"] == pytest.approx(0.5 / 3**0.5)  # std 0.5 over 3
+    record = validation_record({"x": trajs}, 1.0)
+    assert record["score"] == pytest.approx(0.5) and record["per_item"]["x"] == [0.5, 1.0, 0.0]
+    assert record["score_se"] == pytest.approx(0.5 / 3**0.5)  # std 0.5 over 3 problems

@@ -1,4 +1,4 @@
-"""The app's glue without engines: datasets wiring, the sandbox choice, the summary."""
+"""The app's glue without engines: datasets wiring, the sandbox choice, run folders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import requests
 from rich.console import Console
 from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.data import Datasets
-from turnrl_app_retool.main import accuracy, make_summary, results_table, standard_errors
 from turnrl_app_retool.stages import RetoolStages
 
 from turnrl.tool_envs.sandbox.embedded import sandbox_url
@@ -92,76 +91,6 @@ def test_embedded_sandbox_runs_for_the_block_only() -> None:
         assert requests.get(f"{url}/v1/ping", timeout=5).json()["contained"] is able
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/v1/ping", timeout=5)
-
-
-def test_summary_reports_the_delta_honestly() -> None:
-    config, _ = resolve(["--smoke"])
-    before = {
-        "val-core/a/acc/mean@2": 0.5,
-        "val-core/b/acc/mean@2": 0.25,
-        "val-aux/num_turns/mean": 4.0,
-        "val-aux/tokens_per_s": 100.0,
-    }
-    after = {
-        "val-core/a/acc/mean@2": 0.25,
-        "val-core/b/acc/mean@2": 0.25,
-        "val-aux/num_turns/mean": 3.0,
-        "val-aux/tokens_per_s": 120.0,
-    }
-    assert accuracy(before) == 0.375
-    phases = {"sft": 1.0, "eval before RL": 2.0, "rl": 3.0, "eval after RL": 4.0}
-    history = [{"rollout/reward_mean": -0.9}, {"rollout/reward_mean": -0.5}]
-    summary = make_summary(config, before, after, history, phases, 10.0)
-    assert summary["acc_before"] == 0.375 and summary["acc_after"] == 0.25
-    assert summary["acc_delta"] == -0.125  # a drop is reported as a drop
-    assert (summary["num_turns_before"], summary["num_turns_after"]) == (4.0, 3.0)
-    assert summary["steps"] == 2 and summary["wall_seconds"] == 10.0
-    assert summary["val_datasets"] == ["a", "b"]
-    assert summary["train_reward_first"] == -0.9 and summary["train_reward_last"] == -0.5
-    console = Console(record=True, width=120)
-    console.print(results_table(summary))
-    text = console.export_text()
-    assert "-0.125" in text and "after RL (2 steps)" in text and "mean@2" in text
-
-
-def test_standard_errors_are_over_problems_and_the_delta_is_paired() -> None:
-    before = {"a": [0.0, 0.5, 0.5, 1.0]}
-    after = {"a": [0.25, 0.75, 0.75, 1.0]}  # every problem up by 0.25 but the last
-    errors = standard_errors(before, after)
-    assert errors["acc_before_se"] == pytest.approx((1 / 6 / 4) ** 0.5)
-    diffs_se = (sum((d - 0.1875) ** 2 for d in (0.25, 0.25, 0.25, 0.0)) / 3 / 4) ** 0.5
-    assert errors["acc_delta_se"] == pytest.approx(diffs_se)
-    assert errors["acc_delta_se"] < errors["acc_before_se"]  # pairing removes problem spread
-    two = standard_errors({"a": [0.0, 1.0], "b": [0.0, 1.0]}, {"a": [0.0, 1.0], "b": [1.0, 1.0]})
-    assert two["acc_before_se"] == pytest.approx((0.5**2 * 2) ** 0.5 / 2)
-    assert two["num_val_problems"] == 4.0
-    with pytest.raises(ValueError, match="same items"):
-        standard_errors({"a": [0.0]}, {"a": [0.0, 1.0]})
-
-
-def test_summary_and_table_carry_standard_errors() -> None:
-    config, _ = resolve(["--smoke"])
-    before = {
-        "val-core/a/acc/mean@2": 0.25,
-        "val-aux/num_turns/mean": 4.0,
-        "val-aux/tokens_per_s": 1.0,
-    }
-    after = {**before, "val-core/a/acc/mean@2": 0.5}
-    phases = {"sft": 1.0, "eval before RL": 2.0, "rl": 3.0, "eval after RL": 4.0}
-    history = [
-        {
-            "rollout/reward_mean": 0.0,
-            "rollout/groups_filtered": 3.0,
-            "rollout/sampling_rounds": 2.0,
-        }
-    ] * 2
-    per_problem = ({"a": [0.0, 0.5]}, {"a": [0.5, 0.5]})
-    summary = make_summary(config, before, after, history, phases, 10.0, per_problem)
-    assert summary["acc_delta_se"] == pytest.approx(0.25)
-    assert summary["filtered_groups_total"] == 6.0 and summary["gen_batches_total"] == 4.0
-    console = Console(record=True, width=120)
-    console.print(results_table(summary))
-    assert "+0.250 ± 0.250" in console.export_text()
 
 
 def test_a_bad_sft_schedule_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,7 +83,7 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
         assert line in proc.stdout, line
     assert "(2/3 steps done)" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("acc_before", "acc_after", "num_turns_before", "num_turns_after", "wall_seconds"):
+    for key in ("score_before", "score_after", "score_delta_se", "verdict", "wall_seconds"):
         assert key in summary, key
     assert summary["steps"] == 3
     assert summary["runner"] == "ray" and len(set(summary["engine_urls"])) == 2
@@ -91,9 +91,11 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
         assert step["train/mismatch_abs_diff"] < 0.01, step
     rewards_of = [x["critic/rewards/mean"] for x in first_rl[:2]]
     assert [h["rollout/reward_mean"] for h in summary["train_history"][:2]] == rewards_of
-    assert 0.0 <= summary["acc_before"] <= 1.0 and 0.0 <= summary["acc_after"] <= 1.0
-    assert summary["num_turns_before"] >= 2.0  # at least the prompt and one answer
-    assert summary["acc_delta"] == pytest.approx(summary["acc_after"] - summary["acc_before"])
+    assert 0.0 <= summary["score_before"] <= 1.0 and 0.0 <= summary["score_after"] <= 1.0
+    assert summary["before"]["metrics"]["num_turns"] >= 1.0  # at least one answer
+    assert summary["score_name"] == "accuracy mean@2"
+    delta = summary["score_after"] - summary["score_before"]
+    assert summary["score_delta"] == pytest.approx(delta)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # Each step is logged once (a step is logged before its checkpoint is saved).
     assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3]

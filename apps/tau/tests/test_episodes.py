@@ -6,8 +6,7 @@ import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
-from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.stages import TauStages, prefix, rollout_config
+from turnrl_app_tau.stages import TauStages, evaluate, prefix, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -31,12 +30,14 @@ async def test_gold_replay_earns_full_reward(chat: ChatTokenizer) -> None:
         chat, [gold_conversation(data.domain, t, data.domain.wiki) for t in tasks]
     )
     episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), TaskUser)
-    metrics = await evaluate(episodes, tasks, trials=2, config=rollout_config(config, 0.0, 4))
-    assert metrics["success"] == 1.0 and metrics["pass^2"] == 1.0
+    record = await evaluate(episodes, tasks, trials=2, config=rollout_config(config, 0.0, 4))
+    assert record["score"] == 1.0 and record["score_se"] == 0.0 and record["failed"] == 0.0
+    metrics = record["metrics"]
+    assert metrics["pass^1"] == metrics["pass^2"] == 1.0
     assert metrics["tool_calls"] >= 2 and metrics["invalid_tool_calls"] == 0
     # Shaped reward: 1 + 0.15 per call (successful and well formed), capped at 1.5.
     assert 1.3 <= metrics["shaped_reward"] <= 1.5
-    assert metrics["reward"] == 1.0 and metrics["reward_stderr"] == 0.0
+    assert record["per_item"] == {"tau": [1.0] * len(tasks)}
     trajs = await episodes.generate(tasks[:2], 2)
     assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id
     assert all(t.status == "completed" for t in trajs)
@@ -57,8 +58,8 @@ async def test_gold_replay_without_tool_schemas_still_earns_reward(chat: ChatTok
         chat, [gold_conversation(data.domain, t, data.domain.wiki) for t in tasks]
     )
     episodes = TauEpisodes(engine, chat, data.domain, [], rollout_config(config), TaskUser)
-    metrics = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
-    assert metrics["success"] == 1.0 and metrics["invalid_tool_calls"] == 0
+    record = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
+    assert record["score"] == 1.0 and record["metrics"]["invalid_tool_calls"] == 0
 
 
 def test_sft_settings_are_checked() -> None:

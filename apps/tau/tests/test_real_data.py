@@ -12,8 +12,7 @@ import pytest
 from tau_paths import TAU_BENCH_DIR
 from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
-from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.stages import rollout_config
+from turnrl_app_tau.stages import evaluate, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -57,9 +56,11 @@ async def test_gold_episodes_on_real_retail_tasks(tmp_path) -> None:
         chat, [gold_conversation(data.domain, t, data.domain.wiki) for t in tasks]
     )
     episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), TaskUser)
-    metrics = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 5))
-    assert metrics["failed"] == 0.0
-    assert metrics["success"] == 1.0 and metrics["pass^1"] == 1.0
+    record = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 5))
+    assert record["failed"] == 0.0
+    assert record["score"] == 1.0 and record["metrics"]["pass^1"] == 1.0
     # Each gold action is one tool call of the agent.
-    assert metrics["tool_calls"] == pytest.approx(sum(len(t.actions) for t in tasks) / len(tasks))
-    assert metrics["tool_calls"] > 0
+    assert record["metrics"]["tool_calls"] == pytest.approx(
+        sum(len(t.actions) for t in tasks) / len(tasks)
+    )
+    assert record["metrics"]["tool_calls"] > 0

@@ -14,8 +14,7 @@ import pytest
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import preset
 from turnrl_app_tau.main import main
-from turnrl_app_tau.report import console, verdict
-from turnrl_app_tau.stages import TauStages
+from turnrl_app_tau.stages import TauStages, console
 
 from turnrl.grpo_core.recipe import load_progress
 from turnrl.grpo_core.recipe.sft import SFT_DONE
@@ -93,32 +92,6 @@ def test_resume_reuses_base_and_sft_models(tmp_path: Path) -> None:
 def test_synthetic_kinds_parse_as_a_comma_list() -> None:
     parsed = resolve(["--synthetic-kinds", "status, cancel,"], {}).config
     assert parsed.tau.synthetic_kinds == ["status", "cancel"]
-
-
-def _metrics(reward: float, stderr: float) -> dict[str, float]:
-    return {"reward": reward, "reward_stderr": stderr, "shaped_reward": reward + 0.2}
-
-
-def test_verdict_weighs_the_delta_against_the_noise() -> None:
-    clear = verdict(_metrics(0.2, 0.05), _metrics(0.6, 0.05))
-    assert clear.startswith("RL raised") and "beyond 2 standard errors" in clear
-    assert "+0.400" in clear
-    noisy = verdict(_metrics(0.2, 0.1), _metrics(0.3, 0.1))
-    assert "within noise" in noisy
-    assert verdict(_metrics(0.5, 0.1), _metrics(0.4, 0.1)).startswith("RL did not raise")
-    assert verdict(None, _metrics(0.4, 0.1)).startswith("No before/after")
-
-
-def test_verdict_pairs_the_tasks_when_both_evaluations_list_them() -> None:
-    # Every task gains 0.25: the paired change has no spread at all, while the unpaired
-    # standard errors (tasks of very different difficulty) would call it noise.
-    before = {**_metrics(0.375, 0.2), "per_task_reward": [0.0, 0.75, 0.0, 0.75]}
-    after = {**_metrics(0.625, 0.2), "per_task_reward": [0.25, 1.0, 0.25, 1.0]}
-    paired = verdict(before, after)
-    assert "beyond 2 standard errors" in paired and "paired over 4 tasks" in paired
-    mixed = {**after, "per_task_reward": [1.0, 0.0, 1.0, 0.5]}  # same mean, other tasks
-    assert "within noise" in verdict(before, mixed)
-    assert "combined" in verdict(_metrics(0.375, 0.2), after)  # one side lacks the list
 
 
 def test_step_samples_are_written_as_text(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict
 @pytest.mark.slow
 def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> None:
     run_dir, stdout, summary = smoke_run
-    for key in ("reward_before", "reward_after", "steps", "wall_seconds", "phase_seconds"):
+    for key in ("score_before", "score_after", "steps", "wall_seconds", "phases_s"):
         assert key in summary
     assert summary["steps"] == 2
     # The smoke preset trains on the Ray runner (RayGRPORun: a local Ray, one trainer rank
@@ -83,10 +83,10 @@ def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> No
         "rl",
         "eval after RL",
     ):
-        assert summary["phase_seconds"][phase] >= 0
+        assert summary["phases_s"][phase] >= 0
     # --eval-interval 1: step 1 is evaluated within the loop; the last step by "eval after RL".
     history = summary["train_history"]
-    assert summary["phase_seconds"]["eval during RL"] > 0
+    assert summary["phases_s"]["eval during RL"] > 0
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [x for x in lines if x["phase"] == "val"]
     assert [x["step"] for x in val] == [0, 1, 2]
@@ -102,7 +102,8 @@ def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> No
     # The engine sampled from the weights the trainer rank holds (synced after every step).
     assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
     assert summary["before"]["failed"] == 0.0 and summary["after"]["failed"] == 0.0
-    assert 0.0 <= summary["reward_before"] <= 1.0 and "reward_stderr" in summary["before"]
+    assert 0.0 <= summary["score_before"] <= 1.0 and "score_se" in summary["before"]
+    assert summary["score_name"] == "task reward" and "pass^4" in summary["after"]["metrics"]
     assert json.loads((run_dir / "config.json").read_text())["preset"] == "smoke"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "step_2").is_dir()
@@ -159,8 +160,8 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["runner"] == "local" and summary["steps"] == steps  # its config read back
     # The models and the evaluation before RL are reused, not redone.
-    assert "trainers start" not in summary["phase_seconds"]
-    assert "eval before RL" not in summary["phase_seconds"]
+    assert "trainers start" not in summary["phases_s"]
+    assert "eval before RL" not in summary["phases_s"]
     assert (run_dir / "checkpoints" / f"step_{steps}").is_dir()
     history = summary["train_history"]
     assert len(history) == steps

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.config import TauSettings, preset
-from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.stages import rollout_config
+from turnrl_app_tau.stages import evaluate, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -72,8 +71,8 @@ async def test_airline_gold_conversations_earn_full_reward(chat: ChatTokenizer) 
     tasks = data.train[:12]
     engine = ReplayEngine(chat, [data.conversation(t) for t in tasks])
     episodes = TauEpisodes(engine, chat, data.domain, tools, rollout_config(config), TaskUser)
-    metrics = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
-    assert metrics["failed"] == 0.0 and metrics["success"] == 1.0
+    record = await evaluate(episodes, tasks, trials=1, config=rollout_config(config, 0.0, 4))
+    assert record["failed"] == 0.0 and record["score"] == 1.0
 
 
 @needs_data
@@ -102,8 +101,8 @@ async def test_retail_nl_assertions_need_a_judge_and_its_verdict_counts(
         episodes = TauEpisodes(
             engine, chat, data.domain, tools, rollout_config(config), TaskUser, judge=judge
         )
-        metrics = await evaluate(episodes, judged, trials=1, config=rollout_config(config, 0.0, 4))
-        assert metrics["success"] == expected
+        record = await evaluate(episodes, judged, trials=1, config=rollout_config(config, 0.0, 4))
+        assert record["score"] == expected
     assert seen[0] == judged[0].nl_assertions
 
     async def broken(conversation: Any, assertions: Any) -> tuple[bool, ...]:
@@ -127,10 +126,12 @@ async def test_retail_nl_assertions_need_a_judge_and_its_verdict_counts(
     episodes = TauEpisodes(
         engine, chat, data.domain, tools, rollout_config(config), TaskUser, judge=flaky
     )
-    metrics = await evaluate(episodes, judged, trials=2, config=rollout_config(config, 0.0, 1))
+    record = await evaluate(episodes, judged, trials=2, config=rollout_config(config, 0.0, 1))
     # The failed episode is not scored 0: every other one earned 1, so the reward is 1.
-    assert metrics["failed"] == 1 / (2 * len(judged)) and metrics["reward"] == 1.0
-    assert len(metrics["per_task_reward"]) == len(judged)
+    assert record["failed"] == 1 / (2 * len(judged)) and record["score"] == 1.0
+    assert record["per_item"]["tau"] == [1.0] * len(judged)
+    assert "judge unreachable once" in record["error"]
+    assert "pass^2" in record["metrics"]  # over the tasks with both trials done
 
 
 def test_the_tau2_flags_reach_the_settings() -> None:
@@ -180,7 +181,7 @@ def test_tau2_telecom_smoke_run_with_the_engine_as_user_end_to_end_on_vllm(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["num_eval_tasks"] == 2
     for phase in ("before", "after"):
-        assert summary[phase]["failed"] == 0.0 and summary[phase]["num_turns"] >= 1
+        assert summary[phase]["failed"] == 0.0 and summary[phase]["metrics"]["num_turns"] >= 1
     # The user's turns were chat completions with tools on the engine, every one accepted
     # (the engine runs with vLLM's tool-call parser on; without it each is a 400).
     log = "".join(p.read_text() for p in (run_dir / "logs").glob("engine-*.log"))

@@ -26,7 +26,7 @@ from turnrl.grpo_core.recipe import (
 )
 from turnrl.grpo_core.recipe.evaluation import (
     Phases,
-    delta_stderr,
+    change,
     mean_and_stderr,
     pass_hat_k,
     render_run_curves,
@@ -123,15 +123,31 @@ def test_mean_and_stderr_and_pass_hat_k() -> None:
         pass_hat_k([], trials=1, k=1)
 
 
+def _record(per_item: dict[str, list[float | None]]) -> dict[str, Any]:
+    means = [mean_and_stderr([v for v in items if v is not None]) for items in per_item.values()]
+    se = sum(e**2 for _, e in means) ** 0.5 / len(means)
+    return {"score": sum(m for m, _ in means) / len(means), "score_se": se, "per_item": per_item}
+
+
 def test_the_change_is_paired_over_items_when_both_sides_list_them() -> None:
     # Every item gains 0.25: the paired change has no spread, while the two evaluations'
     # own standard errors (items of very different difficulty) would call it noise.
-    before, after = [0.0, 0.75, 0.0, 0.75], [0.25, 1.0, 0.25, 1.0]
-    se_b, se_a = mean_and_stderr(before)[1], mean_and_stderr(after)[1]
-    assert delta_stderr(before, after, se_b, se_a, "tasks") == (0.0, "paired over 4 tasks")
-    combined, how = delta_stderr(before, None, se_b, se_a)
-    assert how == "combined" and combined == pytest.approx((se_b**2 + se_a**2) ** 0.5)
-    assert delta_stderr(before, after[:3], se_b, se_a)[1] == "combined"
+    before, after = _record({"a": [0.0, 0.75, 0.0, 0.75]}), _record({"a": [0.25, 1.0, 0.25, 1.0]})
+    assert change(before, after) == (0.0, "paired over 4 items")
+    combined, how = change({**before, "per_item": None}, after)
+    assert how == "combined"
+    assert combined == pytest.approx((before["score_se"] ** 2 + after["score_se"] ** 2) ** 0.5)
+    assert change(before, _record({"a": [0.25, 1.0, 0.25]}))[1] == "combined"
+    # An item a failure left unscored on either side drops out of the pairing.
+    dropped = _record({"a": [0.25, 1.0, None, 1.0]})
+    assert change(before, dropped) == (0.0, "paired over 3 items")
+    # Over two datasets the score is the mean of their means: s.e.s add in quadrature / 2.
+    two_b, two_a = (
+        _record({"a": [0.0, 1.0], "b": [0.0, 1.0]}),
+        _record({"a": [1.0, 1.0], "b": [0.0, 1.0]}),
+    )
+    assert change(two_b, two_a) == (pytest.approx(0.5 / 2), "paired over 4 items")
+    se_b, se_a = before["score_se"], after["score_se"]
     clear = verdict("accuracy", (0.375, se_b), (0.625, se_a), 0.0, "paired over 4 tasks")
     assert clear.startswith("RL raised (beyond 2 standard errors) the held-out accuracy: 0.375")
     assert "+0.250" in clear and "paired over 4 tasks" in clear

@@ -1,4 +1,4 @@
-"""ReTool episode settings from the app config, and validation metrics (verl's names).
+"""ReTool episode settings from the app config, and the validation record.
 
 The episodes themselves (run, score, per-problem accuracy) are turnrl-tool-envs'
 :mod:`turnrl.tool_envs.retool_episodes`.
@@ -6,13 +6,14 @@ The episodes themselves (run, score, per-problem accuracy) are turnrl-tool-envs'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from turnrl.grpo_core.recipe.evaluation import mean_and_stderr
+from turnrl.grpo_core.recipe.evaluation import evaluation_record
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.retool import RetoolConfig
-from turnrl.tool_envs.retool_episodes import EpisodeSettings, per_problem_accuracy
+from turnrl.tool_envs.retool_episodes import EpisodeSettings
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.sandbox import SandboxClient
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
@@ -48,44 +49,25 @@ def episode_settings(
     return EpisodeSettings(chat, sandbox, env, rollout, config.data.tool_schema_in_prompt)
 
 
-def summarize(trajectories: Sequence[Trajectory], data_source: str, n: int) -> dict[str, float]:
-    """verl-named validation metrics of one dataset's episodes.
-
-    Episodes that ``failed`` (the sandbox or the engine, not the policy) are left out of
-    every mean and counted in ``val-aux/{data_source}/failed_episodes``.
+def validation_record(
+    datasets: Mapping[str, Sequence[Trajectory]], seconds: float
+) -> dict[str, Any]:
+    """``recipe.evaluation.evaluation_record`` of each dataset's episodes, by problem (its
+    group): accuracy is the score (``correct``), ReTool's reward is averaged too. Episodes
+    that ``failed`` (the sandbox or the engine, not the policy) are left out and counted.
 
     Raises:
         ValueError: no episodes.
         RuntimeError: every episode failed (the first error is named).
     """
-    if not trajectories:
-        raise ValueError(f"no episodes to summarize for {data_source}")
-    failed = [t for t in trajectories if t.status == "failed"]
-    trajectories = [t for t in trajectories if t.status != "failed"]
-    if not trajectories:
-        raise RuntimeError(
-            f"every {data_source} episode failed, e.g. {failed[0].metadata.get('error')}"
-        )
-    count = len(trajectories)
+    grouped: dict[str, list[list[Trajectory]]] = {}
+    for source, trajectories in datasets.items():
+        problems: dict[Any, list[Trajectory]] = {}
+        for t in trajectories:
+            problems.setdefault(t.group_id, []).append(t)
+        grouped[source] = list(problems.values())
 
-    def mean(values: Sequence[float]) -> float:
-        return float(sum(values) / len(values))
+    def score(t: Trajectory) -> dict[str, float]:
+        return {"score": t.reward_breakdown["correct"], "reward": t.reward}
 
-    generated = sum(t.num_generated_tokens for t in trajectories)
-    _, stderr = mean_and_stderr(per_problem_accuracy(trajectories))
-    seconds = max((t.timings.get("generate", 0.0) for t in trajectories), default=0.0)
-    return {
-        f"val-core/{data_source}/acc/mean@{n}": mean(
-            [t.reward_breakdown["correct"] for t in trajectories]
-        ),
-        f"val-core/{data_source}/reward/mean@{n}": mean([t.reward for t in trajectories]),
-        f"val-aux/{data_source}/acc/stderr@{n}": stderr,
-        "val-aux/num_turns/mean": mean([float(t.metadata["num_turns_verl"]) for t in trajectories]),
-        "val-aux/tool_calls/mean": mean([float(t.num_tool_calls) for t in trajectories]),
-        "val-aux/response_length/mean": mean([float(len(t.response_ids)) for t in trajectories]),
-        "val-aux/completed_frac": mean([float(t.status == "completed") for t in trajectories]),
-        "val-aux/generated_tokens": float(generated),
-        "val-aux/num_episodes": float(count),
-        f"val-aux/{data_source}/failed_episodes": float(len(failed)),
-        "val-aux/generate_seconds_max": seconds,
-    }
+    return evaluation_record(grouped, score, seconds)

@@ -4,7 +4,7 @@
 - Engines: ``schema.engine_spec`` for prompt + response tokens, seeded by ``--seed``.
 - While the engines serve, the code sandbox (``--sandbox-url``, or turnrl's embedded one)
   runs the model's code; :class:`RetoolServing` evaluates every validation set (accuracy
-  mean@k, turns) and rolls out GRPO, or DAPO when the config asks: each step's groups
+  mean@k, pass^k, turns) and rolls out GRPO, or DAPO when the config asks: each step's groups
   (``rollout_batch_size`` prompts, or with dynamic sampling rounds of ``gen_batch_size``
   more until enough groups vary, ``turnrl.tool_envs.dapo``) run as episodes with the sandbox
   under grpo-core's ``RolloutManager``, scored as they finish (ReTool's reward, plus DAPO's
@@ -28,17 +28,12 @@ from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.dapo import StepStats, filter_value, group_reward, overlong_config
 from turnrl.tool_envs.retool import CODE_INTERPRETER
-from turnrl.tool_envs.retool_episodes import (
-    generations_text,
-    per_problem_accuracy,
-    run_task,
-    run_tasks,
-)
+from turnrl.tool_envs.retool_episodes import generations_text, run_task, run_tasks
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import sandbox_url
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.data import Datasets
-from turnrl_app_retool.episodes import episode_settings, summarize
+from turnrl_app_retool.episodes import episode_settings, validation_record
 
 VERL_ALIASES = {
     "rollout/reward_mean": "critic/rewards/mean",
@@ -108,34 +103,17 @@ class RetoolServing:
         self.router, self.logger = router, logger
 
     async def evaluate(self, step: int) -> dict[str, Any]:
-        """Every validation set: verl-named metrics, and each problem's accuracy per set
-        (for standard errors and paired deltas)."""
-        n = self.config.eval.n
-        metrics: dict[str, float] = {}
-        per_problem: dict[str, list[float]] = {}
-        start = time.perf_counter()
-        turns, tokens = [], 0.0
+        """Every validation set, ``eval.n`` samples a problem (``episodes.validation_record``);
+        a few generations of each logged as text."""
+        start, episodes = time.perf_counter(), {}
         for source, tasks in self.datasets.val.items():
             trajs = await run_tasks(
-                self.router, self.settings, tasks, n, group_prefix=f"val-{source}"
+                self.router, self.settings, tasks, self.config.eval.n, group_prefix=f"val-{source}"
             )
-            m = summarize(trajs, source, n)
-            per_problem[source] = per_problem_accuracy(trajs)
-            turns.append(m["val-aux/num_turns/mean"])
-            tokens += m["val-aux/generated_tokens"]
-            metrics.update(m)
-            self.logger.log_samples(
-                step, [generations_text(trajs, self.settings.chat)], f"val/{source}/generations"
-            )
-        seconds = time.perf_counter() - start
-        metrics["val-aux/num_turns/mean"] = sum(turns) / len(turns)
-        metrics["val-aux/seconds"] = seconds
-        metrics["val-aux/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
-        return {"metrics": metrics, "per_problem": per_problem}
-
-    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
-        metrics: dict[str, float] = record["metrics"]
-        return metrics
+            episodes[source] = trajs
+            text = generations_text(trajs, self.settings.chat)
+            self.logger.log_samples(step, [text], f"val/{source}/generations")
+        return validation_record(episodes, time.perf_counter() - start)
 
     def rollout(self) -> Rollout:
         """Episodes with the sandbox under a ``RolloutManager`` (DAPO's filter and extra

@@ -4,9 +4,9 @@ Phases: data (synthetic mini-retail, tau-bench from ``--tau-bench-dir`` or tau2-
 ``--tau2-dir``), then grpo-core's ``recipe.stages.run_stages`` with the app's part
 (:mod:`turnrl_app_tau.stages`): policy model -> engines started in the background while SFT
 warms up on gold conversations -> evaluation of the held-out tasks -> GRPO steps (episodes
-with the user simulator under grpo-core's RolloutManager) -> evaluation again; then the
-table, the verdict, summary.json and the curves. ``eval`` runs only the evaluation (pass^k
-with ``--num-trials`` and ``--max-concurrency``).
+with the user simulator under grpo-core's RolloutManager) -> evaluation again; then
+``recipe.report.report_run``: the table, the verdict, summary.json and the curves. ``eval``
+runs only the evaluation (pass^k with ``--num-trials`` and ``--max-concurrency``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import Any
 from turnrl.grpo_core.loop import load_function
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.driver import open_run, run_main
-from turnrl.grpo_core.recipe.evaluation import write_summary
-from turnrl.grpo_core.recipe.stages import StagesResult, run_stages
+from turnrl.grpo_core.recipe.report import report_run
+from turnrl.grpo_core.recipe.stages import run_stages
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
 from turnrl_app_tau.cli import FLAG_OF, resolve
 from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.report import console, final_table, verdict
-from turnrl_app_tau.stages import TauStages
+from turnrl_app_tau.stages import TauStages, console
 
 NOT_HONOURED: dict[str, str] = {
     **schema.NOT_HONOURED,
@@ -36,10 +35,8 @@ NOT_HONOURED: dict[str, str] = {
 
 
 def not_honoured(config: TauAppConfig) -> list[str]:
-    """One line per setting the run would ignore (``turnrl.grpo_core.recipe.schema``'s and
-    the app's own)."""
-    lines = schema.refusals(config, NOT_HONOURED, FLAG_OF)
-    return lines
+    """One line per setting the run would ignore (grpo-core's ``schema`` and the app's own)."""
+    return schema.refusals(config, NOT_HONOURED, FLAG_OF)
 
 
 def check_supported(config: TauAppConfig) -> None:
@@ -84,47 +81,14 @@ async def run(command: str, config: TauAppConfig, resume: bool = False) -> dict[
             )
         stages = TauStages(this.config, data, tools, this.logger)
         result = await run_stages(this, stages, train=command == "train")
-        summary = _summary(command, this.config, result, len(data.heldout or data.train))
-        phases = this.phases.seconds
-        summary.update(wall_seconds=this.seconds(), phase_seconds=dict(phases))
-        column = "after RL" if command == "train" else "evaluation"
-        console.print(final_table(result.before, result.after, phases, column))
-        if command == "train":
-            console.print(f"RL algorithm: {summary['algorithm']}")
-            summary["verdict"] = verdict(result.before, result.after)
-            console.print(f"[bold]{summary['verdict']}[/bold]")
-        summary["curves"] = [str(p) for p in this.finish(summary)]
-        console.print(f"summary: {write_summary(this.folder / 'summary.json', summary)}")
-    return summary
-
-
-def _summary(
-    command: str, config: TauAppConfig, result: StagesResult, num_tasks: int
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "command": command,
-        "preset": config.preset,
-        "run_dir": config.run_dir,
-        "algorithm": config.loop.algorithm,
-        "runner": "ray" if config.cluster.runner == "ray" and command == "train" else "local",
-        "num_eval_tasks": num_tasks,
-    }
-    if command == "eval":
-        return {**out, "eval": result.after}
-    before, after = result.before or {}, result.after or {}
-    if result.sft is not None:  # steps, why SFT stopped, its probes
-        out["sft"] = result.sft
-    return {
-        **out,
-        "before": before,
-        "after": after,
-        "steps": len(result.history),
-        "train_history": result.history,
-        "reward_before": before["reward"],
-        "reward_after": after["reward"],
-        "pass1_before": before.get("pass^1"),
-        "pass1_after": after.get("pass^1"),
-    }
+        return report_run(
+            this,
+            result,
+            title=f"tau held-out evaluation ({data.source}, {config.preset})",
+            score="task reward",
+            command=command,
+            num_eval_tasks=len(data.heldout or data.train),
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

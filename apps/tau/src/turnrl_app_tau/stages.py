@@ -13,13 +13,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
 from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
+from turnrl.grpo_core.recipe.evaluation import evaluation_record
 from turnrl.grpo_core.recipe.sft import ChatPhase
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
@@ -27,6 +31,7 @@ from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
+from turnrl.tool_envs.tau import Task
 from turnrl.tool_envs.tau_data import (
     TaskData,
     extra_store_conversations,
@@ -34,11 +39,11 @@ from turnrl.tool_envs.tau_data import (
     store_conversations,
     user_factory,
 )
-from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes
+from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes, score
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
 from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.episodes import evaluate
-from turnrl_app_tau.report import console
+
+console = Console(highlight=False)
 
 
 def rollout_config(
@@ -58,6 +63,31 @@ def rollout_config(
         ),
         max_inflight=max_inflight or r.max_inflight,
     )
+
+
+async def evaluate(
+    episodes: TauEpisodes, tasks: Sequence[Task], trials: int, config: RolloutConfig
+) -> dict[str, Any]:
+    """Every task ``trials`` times: ``recipe.evaluation.evaluation_record`` of tau-bench's 0/1
+    task reward (database hash and required outputs), with the shaped training reward
+    (task reward plus tool-call bonuses, before the group normalisation) and pass^k.
+
+    Raises:
+        ValueError: ``trials`` < 1.
+        RuntimeError: every episode failed (the first error named).
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    start = time.perf_counter()
+    items = [(task, f"eval-{i}", t) for i, task in enumerate(tasks) for t in range(trials)]
+    trajs = await episodes.run(items, config)
+    by_task = [trajs[i : i + trials] for i in range(0, len(trajs), trials)]
+
+    def scores(traj: Trajectory) -> dict[str, float]:
+        shaped, task = score(traj, shaped=True)
+        return {"score": task, "shaped_reward": shaped}
+
+    return evaluation_record({"tau": by_task}, scores, time.perf_counter() - start)
 
 
 def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
@@ -163,21 +193,12 @@ class TauServing:
         t = self.config.tau
         settings = rollout_config(self.config, t.eval_temperature, t.eval_concurrency)
         tasks = self.data.heldout or self.data.train
-        metrics = await evaluate(self.episodes, tasks, t.eval_trials, settings)
-        if metrics["failed"]:
+        record = await evaluate(self.episodes, tasks, t.eval_trials, settings)
+        if record["failed"]:
             console.print(
-                f"[red]{metrics['failed']:.0%} of the episodes failed, e.g.: "
-                f"{self.episodes.last_error}[/red]"
+                f"[red]{record['failed']:.0%} of the episodes failed, e.g.: {record['error']}[/red]"
             )
-        return metrics
-
-    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
-        return {
-            f"val-core/tau/acc/mean@{self.config.tau.eval_trials}": record["success"],
-            "val-core/tau/reward_stderr": record["reward_stderr"],
-            "val-aux/shaped_reward/mean": record["shaped_reward"],
-            "val-aux/num_turns/mean": record["num_turns"],
-        }
+        return record
 
     def rollout(self) -> Rollout:
         """Episodes under a ``RolloutManager`` (or the custom hook); two of each step's

@@ -52,8 +52,6 @@ class TauEpisodes:
     """A fresh user simulator per episode."""
     judge: Judge | None = None
     """tau2: judges NL assertions where they gate a task's reward (none: such tasks are not run)."""
-    last_error: str | None = None
-    """The error of a failed evaluation episode, for the console."""
 
     async def episode(
         self,

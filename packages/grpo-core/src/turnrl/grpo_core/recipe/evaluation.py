@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
@@ -49,55 +49,138 @@ def pass_hat_k(successes: Sequence[int], trials: int, k: int) -> float:
     return sum(math.comb(c, k) / math.comb(trials, k) for c in successes) / len(successes)
 
 
-def delta_stderr(
-    before: Sequence[float] | None,
-    after: Sequence[float] | None,
-    before_se: float,
-    after_se: float,
-    unit: str = "items",
-) -> tuple[float, str]:
-    """Standard error of ``mean(after) - mean(before)``, and how it was computed.
+class Episode(Protocol):
+    """What an evaluation reads of one episode (``turnrl.tool_envs.trajectory.Trajectory``)."""
 
-    Paired over items (each item's score after minus before) when both evaluations list the
-    same number (>= 2) of items' scores; otherwise the two standard errors combined as if
-    independent (larger: an item's difficulty is counted twice).
-    """
-    if before is not None and after is not None and len(before) == len(after) >= 2:
-        diffs = [a - b for b, a in zip(before, after, strict=True)]
-        return mean_and_stderr(diffs)[1], f"paired over {len(diffs)} {unit}"
-    return math.hypot(before_se, after_se), "combined"
+    @property
+    def status(self) -> str: ...
+    @property
+    def num_turns(self) -> int: ...
+    @property
+    def num_tool_calls(self) -> int: ...
+    @property
+    def num_invalid_tool_calls(self) -> int: ...
+    @property
+    def num_generated_tokens(self) -> int: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
 
 
-def paired_errors(
-    before: dict[str, list[float]], after: dict[str, list[float]]
-) -> dict[str, float]:
-    """Standard errors of a score before and after RL and of the paired change, over items
-    of several datasets (dataset -> each item's score, the same items in both).
+E = TypeVar("E", bound=Episode)
 
-    The score over several datasets is the mean of their means, so its s.e. is sqrt(sum of
-    squared s.e.) / number of datasets. The change is paired: its s.e. comes from the
-    per-item differences.
+
+def evaluation_record(
+    datasets: Mapping[str, Sequence[Sequence[E]]],
+    score: Callable[[E], Mapping[str, float]],
+    seconds: float,
+) -> dict[str, Any]:
+    """An evaluation's record (JSON): every dataset's items, each run ``trials`` times.
+
+    ``datasets`` maps a name to its items, each a list of its trials' :class:`Episode`;
+    ``score(episode)`` gives the headline ``score`` (0/1 success, for pass^k) and any other
+    numbers to average (e.g. ``shaped_reward``). An episode that ``failed`` outside the policy
+    (engine, user simulator, sandbox, judge) is left out of every number and counted in
+    ``failed`` (a fraction; ``error`` names the first); an item whose trials all failed is
+    None in ``per_item``; pass^k counts the items none of whose trials failed.
 
     Returns:
-        ``before_se``, ``after_se``, ``delta_se`` and ``num_items``.
+        ``score`` (the mean over datasets of each one's mean over episodes) and ``score_se``
+        (over items: an item's trials are correlated), ``datasets`` (each one's ``score`` and
+        ``score_se``), ``per_item`` (dataset -> each item's mean, for paired changes),
+        ``trials``, ``failed``, ``error``, ``seconds`` and ``metrics`` (pass^k, turns, tool
+        calls, invalid calls, generated tokens and tokens/s, the other numbers of ``score``).
 
     Raises:
-        ValueError: the two evaluations do not cover the same datasets and item counts.
+        ValueError: no episodes.
+        RuntimeError: every episode failed (the first error named).
     """
-    if {k: len(v) for k, v in before.items()} != {k: len(v) for k, v in after.items()}:
-        raise ValueError("before/after evaluations must cover the same items")
+    episodes = [e for items in datasets.values() for trials in items for e in trials]
+    failed = [e for e in episodes if e.status == "failed"]
+    if not episodes:
+        raise ValueError("no episodes to evaluate")
+    error = str(failed[0].metadata.get("error", "unknown error")) if failed else None
+    if len(failed) == len(episodes):
+        raise RuntimeError(f"every held-out episode failed, e.g. {error}")
+    trials = max(len(t) for items in datasets.values() for t in items)
+    kept: list[tuple[E, Mapping[str, float]]] = []
+    per_item: dict[str, list[float | None]] = {}
+    summary: dict[str, dict[str, float]] = {}
+    whole: list[float] = []  # each item's successes, when none of its trials failed
+    for name, items in datasets.items():
+        values, means = [], []
+        for item in items:
+            done = [(e, score(e)) for e in item if e.status != "failed"]
+            kept += done
+            scores = [s["score"] for _, s in done]
+            values += scores
+            means.append(sum(scores) / len(scores) if scores else None)
+            if len(scores) == trials:
+                whole.append(sum(scores))
+        per_item[name] = means
+        if values:
+            _, se = mean_and_stderr([m for m in means if m is not None])
+            summary[name] = {"score": sum(values) / len(values), "score_se": se}
 
-    def combined(per_dataset: list[list[float]]) -> float:
-        squares = sum(mean_and_stderr(values)[1] ** 2 for values in per_dataset)
-        return float(squares**0.5 / len(per_dataset))
+    def mean(values: Sequence[float]) -> float:
+        return float(sum(values) / len(values))
 
-    diffs = [[a - b for a, b in zip(after[k], before[k], strict=True)] for k in before]
+    extra = [key for key in kept[0][1] if key != "score"]
+    generated = float(sum(e.num_generated_tokens for e in episodes))
+    metrics = {key: mean([s[key] for _, s in kept]) for key in extra}
+    metrics.update(
+        num_turns=mean([e.num_turns for e, _ in kept]),
+        tool_calls=mean([e.num_tool_calls for e, _ in kept]),
+        invalid_tool_calls=mean([e.num_invalid_tool_calls for e, _ in kept]),
+        generated_tokens=generated,
+        tokens_per_s=generated / max(seconds, 1e-9),
+    )
+    if whole and all(float(s).is_integer() for s in whole):  # 0/1 scores: tau-bench's pass^k
+        counts = [int(s) for s in whole]
+        metrics.update({f"pass^{k}": pass_hat_k(counts, trials, k) for k in range(1, trials + 1)})
+    scored = list(summary.values())
     return {
-        "before_se": combined(list(before.values())),
-        "after_se": combined(list(after.values())),
-        "delta_se": combined(diffs),
-        "num_items": float(sum(len(v) for v in before.values())),
+        "score": mean([d["score"] for d in scored]),
+        "score_se": math.sqrt(sum(d["score_se"] ** 2 for d in scored)) / len(scored),
+        "datasets": summary,
+        "per_item": per_item,
+        "trials": trials,
+        "failed": len(failed) / len(episodes),
+        "error": error,
+        "seconds": seconds,
+        "metrics": metrics,
     }
+
+
+def record_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The curves' points of an evaluation record: each dataset's score as verl names it
+    (``val-core/<dataset>/acc/mean@<trials>``), the rest under ``val-aux/``."""
+    k = record["trials"]
+    points = {f"val-core/{name}/acc/mean@{k}": d["score"] for name, d in record["datasets"].items()}
+    points.update({f"val-aux/{key}": value for key, value in record["metrics"].items()})
+    points["val-aux/failed"] = record["failed"]
+    return points
+
+
+def change(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[float, str]:
+    """Standard error of ``after["score"] - before["score"]``, and how it was computed.
+
+    Paired over items (each item's score after minus before, the items both evaluations
+    scored) when both list the same datasets and item counts; the score over several datasets
+    is the mean of their means, so its s.e. is sqrt(sum of squared s.e.) / number of datasets.
+    Otherwise the two standard errors combined as if independent (larger: an item's
+    difficulty is counted twice).
+    """
+    b, a = before.get("per_item") or {}, after.get("per_item") or {}
+    if b and {k: len(v) for k, v in b.items()} == {k: len(v) for k, v in a.items()}:
+        diffs = [
+            [y - x for x, y in zip(b[k], a[k], strict=True) if x is not None and y is not None]
+            for k in b
+        ]
+        if all(len(d) >= 2 for d in diffs):
+            squares = sum(mean_and_stderr(d)[1] ** 2 for d in diffs)
+            count = sum(len(d) for d in diffs)
+            return math.sqrt(squares) / len(diffs), f"paired over {count} items"
+    return math.hypot(before["score_se"], after["score_se"]), "combined"
 
 
 def verdict(

@@ -15,7 +15,7 @@
 
 with every phase timed (``run.phases``). What differs between apps is an :class:`App`: its
 SFT conversations, its engines' settings, and, while the engines serve, its evaluation and
-rollout (:class:`Serving`). The app then writes its own summary from :class:`StagesResult`.
+rollout (:class:`Serving`). ``recipe.report.report_run`` then reports :class:`StagesResult`.
 """
 
 from __future__ import annotations
@@ -72,11 +72,9 @@ class Serving(Protocol):
     """What an app does while the engines serve."""
 
     async def evaluate(self, step: int) -> dict[str, Any]:
-        """Evaluate the held-out set at RL step ``step``; a JSON-ready record (what the
-        summary keeps, and ``progress.json`` for the evaluation before RL)."""
-
-    def scalars(self, record: dict[str, Any]) -> dict[str, float]:
-        """The curves' points of an evaluation record (``val-core/...``)."""
+        """Evaluate the held-out set at RL step ``step``: a record of
+        ``recipe.evaluation.evaluation_record`` (what the summary keeps, the curves' points,
+        and ``progress.json``'s evaluation before RL)."""
 
     def rollout(self) -> Rollout:
         """The RL stage's rollout."""
@@ -200,6 +198,7 @@ async def _serve(
     """Evaluation, RL, evaluation over the running engines (filled into ``result``)."""
     from turnrl.grpo_core.recipe import schema
     from turnrl.grpo_core.recipe.driver import build_rl
+    from turnrl.grpo_core.recipe.evaluation import record_scalars
     from turnrl.rollout_router.router import Router
 
     config, phases = run.config, run.phases
@@ -211,7 +210,7 @@ async def _serve(
         async def evaluated(label: str, step: int) -> dict[str, Any]:
             with phases(label):
                 record = await serving.evaluate(step)
-            run.logger(step, serving.scalars(record), phase="val")
+            run.logger(step, record_scalars(record), phase="val")
             return record
 
         if not train:

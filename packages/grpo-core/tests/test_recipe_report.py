@@ -1,0 +1,140 @@
+"""The evaluation record both apps build, its curve points, and the run's report (summary,
+table, verdict, summary.json) from what ``run_stages`` did."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from turnrl.grpo_core.recipe.evaluation import evaluation_record, record_scalars
+from turnrl.grpo_core.recipe.report import report_run, results_table, summary_of
+from turnrl.grpo_core.recipe.stages import StagesResult
+
+
+@dataclass
+class Ep:
+    """An episode as an evaluation reads it (the fields of tool-envs' ``Trajectory``)."""
+
+    correct: float
+    status: str = "completed"
+    num_turns: int = 2
+    num_tool_calls: int = 1
+    num_invalid_tool_calls: int = 0
+    num_generated_tokens: int = 10
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def score(e: Ep) -> dict[str, float]:
+    return {"score": e.correct, "bonus": e.correct + 0.5}
+
+
+def lost(error: str) -> Ep:
+    return Ep(0.0, status="failed", num_turns=0, metadata={"error": error})
+
+
+def test_a_record_scores_items_and_leaves_infrastructure_failures_out() -> None:
+    items = [[Ep(1), Ep(1)], [Ep(0), lost("engine died")], [lost("x"), lost("y")], [Ep(0), Ep(1)]]
+    record = evaluation_record({"d": items}, score, seconds=2.0)
+    # 5 scored episodes (3 correct); the failed ones are out of every number, not wrong.
+    assert record["score"] == pytest.approx(3 / 5)
+    assert record["per_item"] == {"d": [1.0, 0.0, None, 0.5]}
+    assert record["failed"] == 3 / 8 and record["error"] == "engine died"
+    assert record["trials"] == 2
+    metrics = record["metrics"]
+    assert metrics["bonus"] == pytest.approx(3 / 5 + 0.5) and metrics["num_turns"] == 2.0
+    # Every episode's tokens were generated, failed or not.
+    assert metrics["generated_tokens"] == 80.0 and metrics["tokens_per_s"] == 40.0
+    # pass^k over the items none of whose trials failed: [2, 1] successes of 2.
+    assert metrics["pass^1"] == pytest.approx(0.75) and metrics["pass^2"] == pytest.approx(0.5)
+    # The s.e. is over items (their means), not episodes.
+    mean = 0.5
+    spread = sum((m - mean) ** 2 for m in (1.0, 0.0, 0.5)) / 2 / 3
+    assert record["score_se"] == pytest.approx(spread**0.5)
+    points = record_scalars(record)
+    assert points["val-core/d/acc/mean@2"] == record["score"]
+    assert points["val-aux/pass^2"] == metrics["pass^2"] and points["val-aux/failed"] == 3 / 8
+
+
+def test_several_datasets_weigh_alike_and_non_binary_scores_get_no_pass_k() -> None:
+    record = evaluation_record(
+        {"a": [[Ep(1)], [Ep(1)], [Ep(1)], [Ep(0)]], "b": [[Ep(0.5)], [Ep(0.5)]]}, score, 1.0
+    )
+    assert record["datasets"]["a"]["score"] == 0.75 and record["datasets"]["b"]["score"] == 0.5
+    assert record["score"] == pytest.approx(0.625)  # the mean of the two, not of 6 episodes
+    se_a = record["datasets"]["a"]["score_se"]
+    assert record["score_se"] == pytest.approx(se_a / 2)  # b has no spread
+    assert not any(key.startswith("pass^") for key in record["metrics"])
+
+
+def test_a_record_of_nothing_or_of_failures_only_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no episodes"):
+        evaluation_record({"a": [[]]}, score, 1.0)
+    with pytest.raises(RuntimeError, match=r"every held-out episode failed, e\.g\. user down"):
+        evaluation_record({"a": [[lost("user down")], [lost("z")]]}, score, 1.0)
+
+
+class FakeRun:
+    """The parts of ``recipe.driver.Run`` the report reads (no engines, no logger)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.config = SimpleNamespace(
+            preset="smoke",
+            loop=SimpleNamespace(algorithm="grpo"),
+            cluster=SimpleNamespace(runner="ray"),
+        )
+        self.phases = SimpleNamespace(seconds={"sft": 1.0, "rl": 3.0})
+        self.console = Console(record=True, width=140)
+
+    def seconds(self) -> float:
+        return 10.0
+
+    def finish(self, summary: dict[str, Any]) -> list[Path]:
+        (self.folder / "summary.json").write_text(json.dumps(summary, default=str))
+        return [self.folder / "curves" / "val-core.png"]
+
+
+def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
+    before = evaluation_record({"d": [[Ep(0), Ep(0)], [Ep(1), Ep(0)], [Ep(0), Ep(0)]]}, score, 1)
+    after = evaluation_record({"d": [[Ep(1), Ep(1)], [Ep(1), Ep(1)], [Ep(1), Ep(0)]]}, score, 1)
+    history = [
+        {"rollout/reward_mean": 0.2, "rollout/groups_filtered": 3.0, "rollout/sampling_rounds": 2},
+        {"rollout/reward_mean": 0.6},
+    ]
+    result = StagesResult(tmp_path, ["http://e:1"], before, after, history, {"steps": 5})
+    run = FakeRun(tmp_path)
+    summary = report_run(run, result, title="held-out", score="accuracy", dynamic_sampling=True)  # type: ignore[arg-type]
+    assert summary["score_before"] == pytest.approx(1 / 6)
+    assert summary["score_after"] == pytest.approx(5 / 6)
+    assert summary["score_delta"] == pytest.approx(4 / 6)
+    assert "paired over 3 items" in summary["verdict"]
+    assert summary["verdict"].startswith("RL raised (beyond 2 standard errors) the held-out acc")
+    assert summary["train_reward_first"] == 0.2 and summary["train_reward_last"] == 0.6
+    assert summary["groups_filtered_total"] == 3.0 and summary["sampling_rounds_total"] == 3.0
+    assert summary["steps"] == 2 and summary["dynamic_sampling"] is True
+    assert summary["phases_s"]["rl"] == 3.0 and summary["phases_s"]["app_cpu_s"] > 0
+    assert summary["sft"] == {"steps": 5} and summary["engine_urls"] == ["http://e:1"]
+    # summary.json is written again once the curves are drawn, naming them.
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["curves"] == [str(tmp_path / "curves" / "val-core.png")]
+    text = run.console.export_text()
+    assert "after RL (2 steps)" in text and "+0.667 ±" in text and "pass^2" in text
+    assert "RL algorithm: grpo" in text and "RL raised" in text
+
+
+def test_an_evaluation_only_run_has_one_column_and_no_verdict(tmp_path: Path) -> None:
+    after = evaluation_record({"d": [[Ep(1)], [Ep(0)]]}, score, 1)
+    result = StagesResult(tmp_path, [], after=after)
+    summary = summary_of(FakeRun(tmp_path), result, "task reward")  # type: ignore[arg-type]
+    assert summary["score_after"] == 0.5 and "verdict" not in summary
+    assert "score_before" not in summary and summary["steps"] == 0
+    console = Console(record=True, width=120)
+    console.print(results_table("eval", summary))
+    text = console.export_text()
+    assert "evaluation" in text and "change" not in text and "0.500 ± 0.500" in text
