@@ -17,13 +17,19 @@ from turnrl.grpo_core.recipe.schema import NOT_HONOURED, SCHEMA_FLAGS
 
 
 def _attributes_read() -> set[str]:
-    """Attribute names loaded outside config.py / cli.py, in the app and in grpo-core (a name
-    check: a field nothing reads at all fails; one sharing its name with another passes)."""
+    """Attribute names loaded outside config.py / cli.py, in the app, in grpo-core and in the
+    tool-envs modules whose settings the config holds (``SandboxSettings``, ``DapoConfig``)
+    (a name check: a field nothing reads at all fails; one sharing its name passes)."""
     import turnrl.grpo_core
+    import turnrl.tool_envs.dapo
+    import turnrl.tool_envs.sandbox.embedded
 
     root = Path(turnrl_app_retool.__file__).parent
     paths = [p for p in root.glob("*.py") if p.name not in ("config.py", "cli.py")]
     paths += [p for r in turnrl.grpo_core.__path__ for p in Path(r).rglob("*.py")]
+    paths += [
+        Path(m.__file__ or "") for m in (turnrl.tool_envs.dapo, turnrl.tool_envs.sandbox.embedded)
+    ]
     names: set[str] = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -12,8 +12,6 @@ from turnrl_app_retool.cli import resolve
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.stages import RetoolStages
 
-from turnrl.tool_envs.sandbox.embedded import sandbox_url
-
 
 def test_generated_datasets_keep_heldout_apart() -> None:
     config, _ = resolve(["--smoke"])
@@ -74,8 +72,8 @@ def test_aime_files_replace_generated_validation(tmp_path: Path) -> None:
 
 def test_external_sandbox_url_starts_nothing() -> None:
     config, _ = resolve(["--smoke", "--sandbox-url", "http://127.0.0.1:9"])
-    with sandbox_url(config.sandbox.url, config.sandbox.insecure) as url:
-        assert url == "http://127.0.0.1:9"
+    with config.sandbox.client() as client:
+        assert client.config.url == "http://127.0.0.1:9"
 
 
 @pytest.mark.slow
@@ -87,7 +85,8 @@ def test_embedded_sandbox_runs_for_the_block_only() -> None:
     able = can_contain()
     config, _ = resolve(["--smoke", *([] if able else ["--sandbox-insecure"])])
     assert config.sandbox.insecure is not able
-    with sandbox_url(config.sandbox.url, config.sandbox.insecure) as url:
+    with config.sandbox.client() as client:
+        url = client.config.url
         assert requests.get(f"{url}/v1/ping", timeout=5).json()["contained"] is able
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/v1/ping", timeout=5)

@@ -89,3 +89,17 @@ def test_bad_dapo_settings_are_refused_naming_the_setting(settings: dict, messag
     with pytest.raises(ValueError, match=message):
         DapoConfig(**settings)
     assert DapoConfig(dynamic_sampling=True, gen_batch_size=24).gen_batch_size == 24
+
+
+def test_dapo_switches_the_loop_cannot_honour_are_refused() -> None:
+    from turnrl.tool_envs.dapo import DapoConfig
+
+    dynamic = DapoConfig(dynamic_sampling=True)
+    dynamic.check_loop(n_samples_per_prompt=8, asynchronous=False, max_response=256)
+    with pytest.raises(ValueError, match="--async with --dynamic-sampling"):
+        dynamic.check_loop(8, asynchronous=True, max_response=256)
+    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
+        dynamic.check_loop(1, asynchronous=False, max_response=256)
+    DapoConfig().check_loop(1, asynchronous=True, max_response=256)  # no filter: any loop
+    with pytest.raises(ValueError, match=r"overlong_buffer_len must be in \[0, max_response"):
+        DapoConfig(overlong_buffer_len=300).check_loop(8, False, max_response=256)

@@ -83,12 +83,19 @@ def test_an_embedded_sandbox_stops_when_the_process_that_started_it_is_killed(tm
     raise AssertionError("the sandbox server outlived the process that started it")
 
 
-def test_sandbox_url_passes_an_external_url_or_serves_for_the_block_only():
-    from turnrl.tool_envs.sandbox.embedded import can_contain, sandbox_url
+def test_sandbox_settings_use_an_external_url_or_serve_for_the_block_only():
+    from turnrl.tool_envs.sandbox.embedded import SandboxSettings, can_contain
 
-    with sandbox_url("http://127.0.0.1:9") as url:  # an external server: nothing started
-        assert url == "http://127.0.0.1:9"
-    with sandbox_url(insecure=not can_contain()) as url:
+    external = SandboxSettings(url="http://127.0.0.1:9", run_timeout=3.0, max_concurrency=4)
+    with external.client() as client:  # an external server: nothing started
+        assert client.config.url == "http://127.0.0.1:9"
+        assert (client.config.run_timeout, client.config.max_concurrency) == (3.0, 4)
+    with SandboxSettings(insecure=not can_contain()).client() as client:
+        url = client.config.url
         assert requests.get(f"{url}/v1/ping", timeout=5).status_code == 200
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/v1/ping", timeout=5)
+    with pytest.raises(ValueError, match="--sandbox-url must be an http"):
+        SandboxSettings(url="sandbox:8080")
+    with pytest.raises(ValueError, match="--sandbox-insecure applies to the embedded"):
+        SandboxSettings(url="http://h:1", insecure=True)

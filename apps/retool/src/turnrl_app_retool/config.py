@@ -27,6 +27,7 @@ from turnrl.grpo_core.recipe.schema import (
 )
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 from turnrl.tool_envs.dapo import DapoConfig
+from turnrl.tool_envs.sandbox.embedded import SandboxSettings
 
 
 @dataclass
@@ -92,25 +93,6 @@ class EvalConfig:
 
 
 @dataclass
-class SandboxConfig:
-    """The code interpreter."""
-
-    url: str | None = None
-    """External SandboxFusion server [--sandbox-url]; None starts turnrl's embedded sandbox."""
-    insecure: bool = False
-    """Let the embedded sandbox serve where it cannot contain runs (not root, no
-    namespaces) [--sandbox-insecure]; otherwise it refuses to start there."""
-    run_timeout: float = 30.0
-    """Seconds per code run (the recipe's default)."""
-    memory_limit_mb: int = 1024
-    """Memory per code run in MB."""
-    max_concurrency: int = 128
-    """Most sandbox calls in flight."""
-    max_tool_output_chars: int = 2048
-    """Longest tool message in characters (head and tail kept)."""
-
-
-@dataclass
 class RetoolAppConfig(AppConfig):
     """Everything one ReTool run needs (the shared sections: ``AppConfig``; the RL loss's
     defaults are the recipe's: clip 0.2 / 0.28, dual clip 10, token-mean, no KL)."""
@@ -139,8 +121,8 @@ class RetoolAppConfig(AppConfig):
     """GRPO/DAPO with the sandbox (steps and batches: ``loop``)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Validation."""
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    """Code interpreter."""
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    """Code interpreter (an external SandboxFusion server, or turnrl's, started for the run)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the recipe sets (the NPU ones), applied before engines start."""
 
@@ -154,36 +136,12 @@ class RetoolAppConfig(AppConfig):
         rl = self.rl
         if rl.max_turns < 1:
             raise ValueError(f"rl.max_turns must be >= 1, got {rl.max_turns}")
-        self._validate_dapo()
+        rl.check_loop(
+            self.loop.n_samples_per_prompt, self.loop.asynchronous, rl.max_response_length
+        )
         if self.eval.n < 1:
             raise ValueError(f"eval.n must be >= 1, got {self.eval.n}")
-        if self.sandbox.url is not None and not self.sandbox.url.startswith(
-            ("http://", "https://")
-        ):
-            raise ValueError(f"--sandbox-url must be an http(s) URL, got {self.sandbox.url!r}")
-        if self.sandbox.url is not None and self.sandbox.insecure:
-            raise ValueError(
-                "--sandbox-insecure applies to the embedded sandbox, not --sandbox-url"
-            )
         return self
-
-    def _validate_dapo(self) -> None:
-        rl = self.rl
-        if rl.dynamic_sampling and self.loop.asynchronous:
-            raise ValueError(
-                "--async with --dynamic-sampling: the asynchronous loop generates one group "
-                "at a time, so DAPO's filter cannot draw more groups within a step; add "
-                "--no-dynamic-sampling"
-            )
-        if rl.dynamic_sampling and self.loop.n_samples_per_prompt < 2:
-            raise ValueError(
-                "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"
-            )
-        if rl.overlong_buffer_len > rl.max_response_length:
-            raise ValueError(
-                f"rl.overlong_buffer_len must be in [0, max_response_length="
-                f"{rl.max_response_length}], got {rl.overlong_buffer_len}"
-            )
 
 
 PRESET_DIR = Path(__file__).parent / "presets"

@@ -29,8 +29,6 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.dapo import StepStats, filter_value, group_reward, overlong_config
 from turnrl.tool_envs.retool import CODE_INTERPRETER
 from turnrl.tool_envs.retool_episodes import generations_text, run_task, run_tasks
-from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
-from turnrl.tool_envs.sandbox.embedded import sandbox_url
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.episodes import episode_settings, validation_record
@@ -72,16 +70,7 @@ class RetoolStages:
 
     @contextlib.asynccontextmanager
     async def serving(self, policy: Path, urls: list[str], router: Any) -> AsyncIterator[Any]:
-        box = self.config.sandbox
-        with sandbox_url(box.url, box.insecure) as url:
-            client = SandboxClient(
-                SandboxClientConfig(
-                    url=url,
-                    run_timeout=box.run_timeout,
-                    memory_limit_mb=box.memory_limit_mb,
-                    max_concurrency=box.max_concurrency,
-                )
-            )
+        with self.config.sandbox.client() as client:
             chat = ChatTokenizer.from_dir(policy)
             e = self.config.eval
             settings = episode_settings(self.config, chat, client, e.temperature, e.top_p)

@@ -65,6 +65,29 @@ class DapoConfig:
                 f"{self.overlong_buffer_len} and {self.overlong_penalty_factor}"
             )
 
+    def check_loop(self, n_samples_per_prompt: int, asynchronous: bool, max_response: int) -> None:
+        """Check the switches against the RL loop they run in (its group size, whether it is
+        asynchronous) and the longest response (``max_response`` tokens).
+
+        Raises:
+            ValueError: a switch the loop cannot honour, naming the flag to change.
+        """
+        if self.dynamic_sampling and asynchronous:
+            raise ValueError(
+                "--async with --dynamic-sampling: the asynchronous loop generates one group "
+                "at a time, so DAPO's filter cannot draw more groups within a step; add "
+                "--no-dynamic-sampling"
+            )
+        if self.dynamic_sampling and n_samples_per_prompt < 2:
+            raise ValueError(
+                "dynamic sampling needs n_samples_per_prompt >= 2 (a group's variance)"
+            )
+        if self.overlong_buffer_len > max_response:
+            raise ValueError(
+                f"rl.overlong_buffer_len must be in [0, max_response_length={max_response}], "
+                f"got {self.overlong_buffer_len}"
+            )
+
 
 def overlong_config(max_len: int, buffer_len: int, penalty_factor: float) -> OverlongConfig | None:
     """The overlong penalty settings; None when shaping is off (``buffer_len`` 0)."""

@@ -17,11 +17,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 
 import requests
 
 from turnrl.npu_runtime.net import free_port
+from turnrl.tool_envs.sandbox.client import SandboxClient, SandboxClientConfig
 
 
 class EmbeddedSandbox:
@@ -141,15 +143,51 @@ def sandbox_processes(base_uid: int = 2_000_000, count: int = 1 << 27) -> list[i
 _SHARED: dict[tuple[str, ...], EmbeddedSandbox] = {}
 
 
-@contextlib.contextmanager
-def sandbox_url(url: str | None = None, insecure: bool = False) -> Iterator[str]:
-    """``url`` (an external SandboxFusion server: nothing started), or an embedded server
-    for the block (``--insecure`` with ``insecure``: serve where it cannot contain runs)."""
-    if url:
-        yield url
-        return
-    with EmbeddedSandbox(*(["--insecure"] if insecure else [])) as sandbox:
-        yield sandbox.url
+@dataclass
+class SandboxSettings:
+    """An app's code interpreter: an external SandboxFusion server, or this package's server
+    started for the run (``turnrl-sandbox serve``), and what each run may use."""
+
+    url: str | None = None
+    """External SandboxFusion server [--sandbox-url]; None starts the embedded sandbox."""
+    insecure: bool = False
+    """Let the embedded sandbox serve where it cannot contain runs (not root, no
+    namespaces) [--sandbox-insecure]; otherwise it refuses to start there."""
+    run_timeout: float = 30.0
+    """Seconds per code run."""
+    memory_limit_mb: int = 1024
+    """Memory per code run in MB."""
+    max_concurrency: int = 128
+    """Most sandbox calls in flight."""
+    max_tool_output_chars: int = 2048
+    """Longest tool message in characters (head and tail kept)."""
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"--sandbox-url must be an http(s) URL, got {self.url!r}")
+        if self.url is not None and self.insecure:
+            raise ValueError(
+                "--sandbox-insecure applies to the embedded sandbox, not --sandbox-url"
+            )
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[SandboxClient]:
+        """A client of ``url``, or of an embedded server that runs for the block only."""
+        with contextlib.ExitStack() as stack:
+            url = self.url
+            if not url:
+                args = ["--insecure"] if self.insecure else []
+                url = stack.enter_context(EmbeddedSandbox(*args)).url
+            client = SandboxClient(
+                SandboxClientConfig(
+                    url=url,
+                    run_timeout=self.run_timeout,
+                    memory_limit_mb=self.memory_limit_mb,
+                    max_concurrency=self.max_concurrency,
+                )
+            )
+            stack.callback(client.close)
+            yield client
 
 
 def shared_sandbox(*args: str) -> EmbeddedSandbox:
