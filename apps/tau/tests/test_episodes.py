@@ -6,8 +6,9 @@ import pytest
 from tau_replay import ReplayEngine
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TAU_REWARDS, TauSettings, preset
-from turnrl_app_tau.stages import TauStages, evaluate, prefix, rollout_config
+from turnrl_app_tau.stages import TauStages, evaluate, rollout_config
 
+from turnrl.grpo_core.recipe.sft import chat_prefix as prefix
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation

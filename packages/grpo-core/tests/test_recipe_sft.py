@@ -210,3 +210,14 @@ def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
     assert full > 48  # so the cut is what keeps every example within seq_length
     mean = float(text.split(" tokens on average")[0].rsplit(", ", 1)[1])
     assert mean <= 48
+
+
+def test_a_chat_prefix_ends_after_the_nth_assistant_turn() -> None:
+    from turnrl.grpo_core.recipe.sft import chat_prefix
+
+    chat = [
+        {"role": "system", "content": "s"},
+        *[{"role": r, "content": f"{r}{i}"} for i in range(3) for r in ("user", "assistant")],
+    ]
+    assert chat_prefix(chat, 2) == chat[:5] and chat_prefix(chat, 2)[-1]["content"] == "assistant1"
+    assert chat_prefix(chat, 99) == chat and chat_prefix(chat, 99) is not chat

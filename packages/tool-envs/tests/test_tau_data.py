@@ -149,3 +149,19 @@ def test_the_user_is_scripted_unless_an_llm_is_named_and_local_means_the_engines
     assert provider.config.model == "openai/gpt-4o-mini"  # type: ignore[attr-defined]
     assert provider.config.api_base is None  # type: ignore[attr-defined]
     assert judge(dataclasses.replace(SMALL, judge_model="local"), urls) is None  # tau-bench: none
+
+
+def test_engines_playing_the_telecom_user_parse_tool_calls() -> None:
+    from turnrl.tool_envs.tau_data import TauTaskConfig, engine_args
+
+    telecom = TauTaskConfig(benchmark="tau2", domain="telecom", user_model="local")
+    assert engine_args(telecom, []) == [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    given = ["--enable-auto-tool-choice", "--tool-call-parser=llama3_json"]
+    assert engine_args(telecom, given) == []  # the user's own choice stands
+    scripted = dataclasses.replace(telecom, user_model=None)  # the engines play no user
+    assert engine_args(scripted, []) == []
+    assert engine_args(dataclasses.replace(telecom, domain="airline"), []) == []

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
-from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
@@ -32,13 +31,6 @@ from turnrl.tool_envs.retool_episodes import generations_text, run_task, run_tas
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.episodes import episode_settings, validation_record
-
-VERL_ALIASES = {
-    "rollout/reward_mean": "critic/rewards/mean",
-    "rollout/response_len_mean": "response_length/mean",
-    "rollout/num_turns_mean": "num_turns/mean",
-}
-"""turnrl loop metric -> the verl name it is also logged under."""
 
 
 def sampling(config: RetoolAppConfig) -> dict[str, float]:
@@ -106,7 +98,7 @@ class RetoolServing:
 
     def rollout(self) -> Rollout:
         """Episodes with the sandbox under a ``RolloutManager`` (DAPO's filter and extra
-        rounds when asked); each step's console line says what the filter did."""
+        rounds when asked); each step's metrics say what the filter did."""
         rl, router = self.config.rl, self.router
         sampling = replace(
             self.settings.rollout.sampling, temperature=rl.temperature, top_p=rl.top_p
@@ -134,14 +126,11 @@ class RetoolServing:
             filter_value=filter_value(rl.filter_metric),
         )
 
-        def line(step: int, metrics: dict[str, float]) -> str:
-            metrics.update(stats.take())  # the same dict lands in the loop's history
-            # Also under verl's names, so curves line up with a verl ReTool run.
-            metrics.update({v: metrics[k] for k, v in VERL_ALIASES.items() if k in metrics})
-            return format_step_line(step, metrics, self.config.loop.num_rollout)
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            metrics.update(stats.take())
 
         def draw_from(loop: Any) -> None:  # DAPO's extra rounds draw from the loop's data
             manager.prompt_source = loop.data.next
 
         extra_rounds = draw_from if rl.dynamic_sampling else None
-        return Rollout(self.datasets.train, manager.generate, keep_rewards, line, extra_rounds)
+        return Rollout(self.datasets.train, manager.generate, keep_rewards, on_step, extra_rounds)

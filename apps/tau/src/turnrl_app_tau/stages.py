@@ -21,10 +21,9 @@ from typing import Any
 from rich.console import Console
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
-from turnrl.grpo_core.observe.logger import format_step_line
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.evaluation import evaluation_record
-from turnrl.grpo_core.recipe.sft import ChatPhase
+from turnrl.grpo_core.recipe.sft import ChatPhase, chat_prefix
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.rollout_router.router import Router
@@ -34,6 +33,7 @@ from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.tau import Task
 from turnrl.tool_envs.tau_data import (
     TaskData,
+    engine_args,
     extra_store_conversations,
     judge,
     store_conversations,
@@ -90,27 +90,9 @@ async def evaluate(
     return evaluation_record({"tau": by_task}, scores, time.perf_counter() - start)
 
 
-def prefix(messages: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
-    """``messages`` cut right after the ``turns``-th assistant message (all if fewer)."""
-    seen = 0
-    for index, message in enumerate(messages):
-        seen += message["role"] == "assistant"
-        if seen == turns:
-            return messages[: index + 1]
-    return list(messages)
-
-
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:
     """One inference engine serving ``model`` (``turnrl.grpo_core.recipe.schema``)."""
-    t, extra = config.tau, []
-    if t.user_model == "local" and t.benchmark == "tau2" and t.domain == "telecom":
-        # The engines also play telecom's user, who calls the phone's tools: the chat route
-        # must parse tool calls (Qwen3 writes hermes-style <tool_call> blocks).
-        args = config.engine.extra_args
-        if "--enable-auto-tool-choice" not in args:
-            extra.append("--enable-auto-tool-choice")
-        if not any(a.startswith("--tool-call-parser") for a in args):
-            extra += ["--tool-call-parser", "hermes"]
+    extra = engine_args(config.tau, config.engine.extra_args)
     spec: EngineSpec = schema.engine_spec(
         config, model, config.rollout.rollout_max_context_len, extra
     )
@@ -150,7 +132,7 @@ class TauStages:
             else:  # the last training conversations, left out of SFT
                 chats, probe = chats[: -sft.probe_size], chats[-sft.probe_size :]
         # A curriculum: the first turns of every conversation, then all of it.
-        prefixes = [prefix(chat, t.sft_prefix_turns) for chat in chats]
+        prefixes = [chat_prefix(chat, t.sft_prefix_turns) for chat in chats]
         first = [
             ChatPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, t.sft_prefix_loss)
         ]
@@ -224,9 +206,8 @@ class TauServing:
             shown[:] = [s for s in samples[:2] if isinstance(s, Trajectory)]  # a hook's may not be
             return samples
 
-        def line(step: int, metrics: dict[str, float]) -> str:
+        def on_step(step: int, metrics: dict[str, float]) -> None:
             if shown:
                 self.logger.log_samples(step, [t.text() for t in shown])
-            return format_step_line(step, metrics, self.config.loop.num_rollout)
 
-        return Rollout(self.data.train, generate_and_keep, reward, line)
+        return Rollout(self.data.train, generate_and_keep, reward, on_step)

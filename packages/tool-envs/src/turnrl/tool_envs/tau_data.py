@@ -310,6 +310,23 @@ def user_factory(
     return lambda: LiteLLMUser(config)
 
 
+def engine_args(settings: TauTaskConfig, given: Sequence[str]) -> list[str]:
+    """Engine arguments the task setting needs beyond ``given``: engines that play tau2
+    telecom's user, who calls the phone's tools, must parse tool calls on their chat route
+    (Qwen3 writes hermes-style ``<tool_call>`` blocks)."""
+    extra: list[str] = []
+    if (
+        settings.user_model == "local"
+        and settings.benchmark == "tau2"
+        and settings.domain == "telecom"
+    ):
+        if "--enable-auto-tool-choice" not in given:
+            extra.append("--enable-auto-tool-choice")
+        if not any(a.startswith("--tool-call-parser") for a in given):
+            extra += ["--tool-call-parser", "hermes"]
+    return extra
+
+
 def judge(settings: TauTaskConfig, engine_urls: Sequence[str]) -> Any:
     """tau2's NL-assertion judge (``judge_model``; ``local``: the engines), or None."""
     if settings.benchmark != "tau2" or settings.judge_model is None:

@@ -274,6 +274,14 @@ class RLStage:
         return loop.history
 
 
+VERL_NAMES = {
+    "rollout/reward_mean": "critic/rewards/mean",
+    "rollout/response_len_mean": "response_length/mean",
+    "rollout/num_turns_mean": "num_turns/mean",
+}
+"""A loop metric -> the verl name it is also logged under, so curves line up with a verl run."""
+
+
 async def build_rl(
     run: Run[Any],
     policy: Path,
@@ -287,29 +295,30 @@ async def build_rl(
     job: Any = None,
     temperature: float,
     evaluate: Any = None,
-    step_line: Callable[[int, dict[str, float]], str] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> tuple[GRPOLoop, RLStage]:
     """The RL stage of ``run``, ready to ``await stage.run(loop)``: the loop the config's
-        ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
-        ``--use-dynamic-batch-size``, the reference policy ``--ref-load`` or ``policy`` when the
-        KL loss is on) training ``trainer`` here or on the Ray run's ranks (``job``, started
-        here unless they are), rolling out through ``generate`` over the engines at ``urls``
-        (``router``'s: their busy time is logged), weights synced to them, checkpoints in the
-        run folder. Every step's metrics go
-        to the run's logger (phase ``rl``) and, with ``step_line`` (called first: it may add
-    metrics of the app's own to the dict), one console line.
+    ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
+    ``--use-dynamic-batch-size``, the reference policy ``--ref-load`` or ``policy`` when the
+    KL loss is on) training ``trainer`` here or on the Ray run's ranks (``job``, started
+    here unless they are), rolling out through ``generate`` over the engines at ``urls``
+    (``router``'s: their busy time is logged), weights synced to them, checkpoints in the
+    run folder. Every step's metrics (first handed to ``on_step``, which may add the app's
+    own; the main ones also under verl's names, :data:`VERL_NAMES`) go to the run's logger
+    (phase ``rl``) and, as ``format_step_line``, to the console.
 
-        Args:
-            run: The run (its config has the ``loop``, ``loss``, ``model`` and ``parallel``
-                sections of ``turnrl.grpo_core.recipe.schema``, and ``seed``).
-            policy: The model RL starts from (its tokenizer gives the padding id).
-            prompts, generate, reward: As for ``GRPOLoop``.
-            trainer: Every trainer's engine config (``schema.trainer_config``).
-            temperature: The rollout temperature (the reference policy's).
-            evaluate: The loop's ``--eval-interval`` hook.
+    Args:
+        run: The run (its config has the ``loop``, ``loss``, ``model`` and ``parallel``
+            sections of ``turnrl.grpo_core.recipe.schema``, and ``seed``).
+        policy: The model RL starts from (its tokenizer gives the padding id).
+        prompts, generate, reward: As for ``GRPOLoop``.
+        trainer: Every trainer's engine config (``schema.trainer_config``).
+        temperature: The rollout temperature (the reference policy's).
+        evaluate: The loop's ``--eval-interval`` hook.
     """
     from transformers import AutoTokenizer
 
+    from turnrl.grpo_core.observe.logger import format_step_line
     from turnrl.grpo_core.recipe.loop import build_loop
     from turnrl.grpo_core.recipe.schema import loop_config as settings
     from turnrl.grpo_core.recipe.schema import reference_settings
@@ -317,10 +326,11 @@ async def build_rl(
     loop_config = settings(run.config)
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
-        line = step_line(step, metrics) if step_line is not None else None  # may add metrics
+        if on_step is not None:
+            on_step(step, metrics)  # the same dict lands in the loop's history
+        metrics.update({v: metrics[k] for k, v in VERL_NAMES.items() if k in metrics})
         run.logger(step, metrics, phase="rl")
-        if line is not None:
-            run.console.print(line)
+        run.console.print(format_step_line(step, metrics, loop_config.num_rollout))
 
     stage = RLStage(run.console, loop_config.num_rollout, on_metrics)
     if job is not None and job.trainers is None:  # off the event loop: the router serves on

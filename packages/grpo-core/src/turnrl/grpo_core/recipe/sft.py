@@ -147,6 +147,17 @@ class ChatPhase:
     """:attr:`SFTPhase.stop_loss`."""
 
 
+def chat_prefix(chat: Chat, turns: int) -> Chat:
+    """``chat`` cut right after its ``turns``-th assistant message (all of it if fewer): the
+    short prefixes of a curriculum :class:`ChatPhase`."""
+    seen = 0
+    for index, message in enumerate(chat):
+        seen += message["role"] == "assistant"
+        if seen == turns:
+            return chat[: index + 1]
+    return list(chat)
+
+
 @dataclass
 class SFTResult:
     """What a stage did."""

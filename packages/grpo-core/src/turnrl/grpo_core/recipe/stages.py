@@ -62,8 +62,8 @@ class Rollout:
     """``(prompts, n) -> samples``."""
     reward: Any
     """``(samples) -> rewards``."""
-    step_line: Callable[[int, dict[str, float]], str] | None = None
-    """The console line of a step (it may add metrics of the app's own to the dict)."""
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+    """Called with every step's metrics before they are logged (it may add the app's own)."""
     on_loop: Callable[[GRPOLoop], None] | None = None
     """Called with the built loop before it runs (e.g. DAPO's extra rounds draw from it)."""
 
@@ -244,7 +244,7 @@ async def _serve(
                 job=job,
                 temperature=app.sampling["temperature"],
                 evaluate=during_rl,
-                step_line=rollout.step_line,
+                on_step=rollout.on_step,
             )
             if rollout.on_loop is not None:
                 rollout.on_loop(loop)
