@@ -62,19 +62,9 @@ FLAGS: list[Flag] = [
     *SFT_FLAGS,
     *[(flag, dest, kind, f"sets {dest}") for flag, dest, kind in _VALUED],
     ("--no-rl", "rl.enabled", OFF, "skip the RL stage"),
-    (
-        "--sandbox-insecure",
-        "sandbox.insecure",
-        ON,
-        "let the embedded sandbox run code it cannot contain (not root)",
-    ),
+    ("--sandbox-insecure", "sandbox.insecure", ON, "let the sandbox run uncontained code"),
     ("--dynamic-sampling", "rl.dynamic_sampling", BOOL, "DAPO dynamic sampling filter on/off"),
-    (
-        "--tool-schema-in-prompt",
-        "data.tool_schema_in_prompt",
-        BOOL,
-        "render the tool schema into prompts",
-    ),
+    ("--tool-schema-in-prompt", "data.tool_schema_in_prompt", BOOL, "tool schema in prompts"),
 ]
 """Every app flag that sets a config field (``--val-data`` aside: it appends); the model,
 cluster and parallelism flags are grpo-core's (``turnrl.grpo_core.recipe.schema``)."""
