@@ -151,3 +151,59 @@ async def test_per_problem_accuracy_and_its_standard_error(chat, sandbox_client)
     record = validation_record({"x": trajs}, 1.0)
     assert record["score"] == pytest.approx(0.5) and record["per_item"]["x"] == [0.5, 1.0, 0.0]
     assert record["score_se"] == pytest.approx(0.5 / 3**0.5)  # std 0.5 over 3 problems
+
+
+class _Samples:
+    """The run logger's ``log_samples``, kept in memory."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def log_samples(self, step: int, texts: list[str], tag: str = "") -> None:
+        self.texts += texts
+
+
+async def test_the_apps_sandbox_killed_is_started_again_and_nothing_is_scored_for_it(
+    chat: ChatTokenizer, tmp_path: Path
+) -> None:
+    """App level: the embedded sandbox of ``RetoolStages.serving`` is SIGKILLed (the scripted
+    policy stands in for the engine). The next validation does not hang and scores no episode
+    wrong for the outage (those it lost are ``failed``, the rest score as before); the app's
+    sandbox is started again on its URL, and the validation after is whole again."""
+    import asyncio
+    import os
+    import signal
+
+    from turnrl_app_retool.data import Datasets
+    from turnrl_app_retool.stages import RetoolStages
+
+    from turnrl.npu_runtime.supervise import cmdline, descendants
+    from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
+    from turnrl.tool_envs.sandbox.embedded import can_contain
+
+    config = preset("smoke")
+    config.sandbox.insecure = not can_contain()
+    build_tiny_tokenizer().save_pretrained(tmp_path)
+    stages = RetoolStages(config, Datasets(config, DEFAULT_INSTRUCTION), _Samples())
+    async with stages.serving(tmp_path, [], ScriptedPolicy(chat)) as serving:
+        before = await serving.evaluate(0)
+        assert before["failed"] == 0.0 and before["score"] > 0
+        (server,) = [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]
+        os.killpg(server, signal.SIGKILL)
+        during = await asyncio.wait_for(serving.evaluate(1), 120)
+        for name, items in during["per_item"].items():
+            kept = [
+                (a, b)
+                for a, b in zip(items, before["per_item"][name], strict=True)
+                if a is not None
+            ]
+            assert all(a == b for a, b in kept), "an outage was scored as a wrong answer"
+        if during["failed"]:
+            assert "Sandbox" in during["error"]
+        deadline = asyncio.get_running_loop().time() + 60
+        while not [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]:
+            assert asyncio.get_running_loop().time() < deadline, "the sandbox was not restarted"
+            await asyncio.sleep(0.2)
+        after = await serving.evaluate(2)
+        assert after["failed"] == 0.0 and after["per_item"] == before["per_item"]
+    assert not [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]

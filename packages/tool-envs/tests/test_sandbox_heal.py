@@ -52,6 +52,33 @@ def test_killed_fork_server_is_restarted_and_its_runs_fail_fast():
         assert not os.path.exists(before["runs_dir"])  # the dead one's folder was removed
 
 
+def test_a_killed_server_is_started_again_on_its_url_with_restart():
+    """The whole server SIGKILLed under a run (an OOM kill, a stray signal): the run in
+    flight fails at once, the server is started again on the same URL, later runs are served;
+    ``stop`` ends it for good (the watcher starts no other)."""
+    with EmbeddedSandbox(*TEST_SERVER_ARGS, restart=True) as server:
+        first = server.process
+        assert first is not None
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(_post, server.url, SLOW)
+            time.sleep(0.5)
+            os.killpg(first.pid, signal.SIGKILL)
+            with pytest.raises(requests.ConnectionError):
+                running.result()
+        deadline = time.monotonic() + 60
+        while server.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.restarts == 1 and server.process is not first
+        status, body, _ = _post(server.url, {"code": "print(6 * 7)", "language": "python"})
+        assert status == 200 and body["run_result"]["stdout"] == "42\n", body
+        assert server.ping()["isolation"][0]["restarts"] == 0  # a new server, not a healed one
+    assert server.process is not None and server.process.poll() is not None
+    time.sleep(0.5)
+    assert server.restarts == 1
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{server.url}/v1/ping", timeout=5)
+
+
 def test_an_embedded_sandbox_stops_when_the_process_that_started_it_is_killed(tmp_path) -> None:
     """SIGKILL of the owner (a test runner's timeout, a crash) leaves no sandbox running:
     the server watches its parent (--parent-pid) and stops, and its fork servers with it."""

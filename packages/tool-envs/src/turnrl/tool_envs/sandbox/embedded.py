@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,16 +36,51 @@ class EmbeddedSandbox:
         port: int | None = None,
         token: str | None = None,
         startup_timeout: float = 60.0,
+        restart: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.extra_args = list(args)
         self.startup_timeout = startup_timeout
+        self.restart = restart
+        """Start the server again on the same port whenever it dies (not by :meth:`stop`)."""
+        self.restarts = 0
+        """Times it was started again."""
         self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def start(self) -> EmbeddedSandbox:
-        """Start the server and wait until ``/v1/ping`` answers."""
+        """Start the server and wait until ``/v1/ping`` answers (with ``restart``, a thread
+        watches it from now on)."""
+        self._stopping.clear()
+        self._launch()
+        if self.restart and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="sandbox-watch", daemon=True)
+            self._watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.2):
+            process = self.process
+            if process is None or process.poll() is None:
+                continue
+            print(
+                f"[turnrl sandbox] the server on {self.url} exited ({process.returncode}); "
+                "starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
+            _kill_group(process.pid)  # whatever of it survived (fork servers, runs)
+            try:
+                self._launch()
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"[turnrl sandbox] could not start it again: {exc}", file=sys.stderr)
+                return
+            self.restarts += 1
+
+    def _launch(self) -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -69,11 +105,12 @@ class EmbeddedSandbox:
                 raise RuntimeError(f"sandbox server exited with code {code} (its stderr says why)")
             try:
                 if requests.get(f"{self.url}/v1/ping", timeout=1).ok:
-                    return self
+                    return
             except requests.RequestException:
                 pass
             time.sleep(0.1)
-        self.stop()
+        _kill_group(self.process.pid)
+        self.process.wait()
         raise TimeoutError(f"sandbox server did not answer within {self.startup_timeout}s")
 
     def ping(self) -> dict[str, object]:
@@ -82,7 +119,12 @@ class EmbeddedSandbox:
         return answer
 
     def stop(self) -> None:
-        """SIGTERM the server's process group, then SIGKILL it if it lingers."""
+        """SIGTERM the server's process group, then SIGKILL it if it lingers (the watcher,
+        with ``restart``, first)."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(self.startup_timeout + 10)
+            self._watcher = None
         if self.process is None or self.process.poll() is not None:
             return
         pgid = self.process.pid
@@ -92,10 +134,7 @@ class EmbeddedSandbox:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.process.wait()
-        try:  # fork servers share the group; make sure none survived
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(pgid)  # fork servers share the group; make sure none survived
 
     def processes(self) -> list[int]:
         """Pids of live processes running as one of this server's run uids."""
@@ -115,6 +154,13 @@ class EmbeddedSandbox:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def sandbox_processes(base_uid: int = 2_000_000, count: int = 1 << 27) -> list[int]:
@@ -159,6 +205,9 @@ class SandboxSettings:
     """Memory per code run in MB."""
     max_concurrency: int = 128
     """Most sandbox calls in flight."""
+    max_retries: int = 5
+    """Retries of a call that found no server (0.2 s, doubling: ~6 s in all, the time an
+    embedded server takes to be started again)."""
     max_tool_output_chars: int = 2048
     """Longest tool message in characters (head and tail kept)."""
 
@@ -172,18 +221,20 @@ class SandboxSettings:
 
     @contextlib.contextmanager
     def client(self) -> Iterator[SandboxClient]:
-        """A client of ``url``, or of an embedded server that runs for the block only."""
+        """A client of ``url``, or of an embedded server that runs for the block only and is
+        started again (same URL) if it dies: the runs in flight fail, later ones are served."""
         with contextlib.ExitStack() as stack:
             url = self.url
             if not url:
                 args = ["--insecure"] if self.insecure else []
-                url = stack.enter_context(EmbeddedSandbox(*args)).url
+                url = stack.enter_context(EmbeddedSandbox(*args, restart=True)).url
             client = SandboxClient(
                 SandboxClientConfig(
                     url=url,
                     run_timeout=self.run_timeout,
                     memory_limit_mb=self.memory_limit_mb,
                     max_concurrency=self.max_concurrency,
+                    max_retries=self.max_retries,
                 )
             )
             stack.callback(client.close)
