@@ -475,3 +475,81 @@ async def test_bad_calls_are_rejected(router: Router):
 
     with pytest.raises(ValueError, match="returned group_id 'someone-else'"):
         await RolloutManager(wrong_group, reward, router).generate([1], 2)
+
+
+@pytest.mark.slow
+async def test_the_loop_trains_through_an_engine_hung_mid_step(tmp_path) -> None:
+    """Loop level: ``GRPOLoop`` (the real torch trainer, tiny Qwen3) rolling out through the
+    manager while one of two engine processes is stopped mid-step (SIGSTOP; the fake engine
+    of ``rollout_router.testing``: deterministic tokens, no model). The episodes held on it
+    time out and re-run on the other; both steps complete whole and train; nothing is lost
+    but the hung engine's partial tokens."""
+    from turnrl.grpo_core.loop import GRPOLoop, LoopConfig
+    from turnrl.grpo_core.training.tiny_model import build_tiny_model
+    from turnrl.grpo_core.training.torch_engine import (
+        OptimizerConfig,
+        TorchEngine,
+        TorchEngineConfig,
+    )
+
+    read_timeout = 1.0
+
+    def client(url: str) -> EngineClient:
+        return EngineClient(url, connect_timeout=1.0, read_timeout=read_timeout)
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    trainer = TorchEngine(
+        TorchEngineConfig(model_path=str(folder), seed=0, optimizer=OptimizerConfig(lr=1e-3))
+    )
+    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
+    held: list[int] = []
+    with fake_engine_processes(2, token_delay=0.005) as procs:
+        (_, survivor), (victim, victim_url) = procs
+        for _, url in procs:
+            async with client(url) as c:
+                while not await c.health(timeout=1.0):
+                    await asyncio.sleep(0.1)
+        async with Router([survivor, victim_url], config, client_factory=client) as router:
+            manager = RolloutManager(
+                make_episode(router, lambda p: 64),
+                varying_when(lambda p: True),
+                router,
+                RolloutManagerConfig(max_retries=3, retry_backoff=0.05),
+            )
+
+            async def generate(prompts: list[int], n: int) -> Any:
+                step = asyncio.create_task(manager.generate(prompts, n))
+                if not held:  # the first step: stop the victim once tokens flow from it
+                    on_victim = router.engine(victim_url).client
+                    while sum(on_victim.in_flight_tokens().values()) < 20:
+                        assert not step.done()
+                        await asyncio.sleep(0.005)
+                    held.append(len(on_victim.in_flight()))
+                    os.kill(victim.pid, signal.SIGSTOP)
+                return await step
+
+            loop_config = LoopConfig(
+                num_rollout=2,
+                rollout_batch_size=2,
+                n_samples_per_prompt=4,
+                global_batch_size=8,
+                seed=0,
+            )
+            loop = GRPOLoop(
+                loop_config,
+                trainer,
+                list(range(8)),
+                generate,
+                keep_rewards,
+                weight_sync=None,
+                pad_id=0,
+            )
+            began = time.monotonic()
+            history = await asyncio.wait_for(loop.run(), 60)
+            waited = time.monotonic() - began
+    assert len(history) == 2 and held[0] > 0
+    assert history[0]["rollout/episode_retries"] >= held[0]
+    for step in history:
+        assert step["rollout/groups_kept"] == 2 and step["train/skipped"] == 0.0, step
+        assert step["rollout/response_len_mean"] == 64  # every sample whole, none cut short
+    assert waited < read_timeout + 30
