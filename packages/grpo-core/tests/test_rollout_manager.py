@@ -8,6 +8,7 @@ crashed process, and report what is running on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -352,24 +353,31 @@ async def test_engine_killed_mid_rollout_step_completes_on_the_other(
     assert manager.metrics["rollout/episode_retries"] >= on_victim
 
 
+@contextlib.asynccontextmanager
+async def _hang_router(procs: list[Any], read_timeout: float) -> AsyncIterator[Router]:
+    """A router over healthy fake engine processes, quick to see one hang (``read_timeout``)."""
+
+    def client(url: str) -> EngineClient:
+        return EngineClient(url, connect_timeout=1.0, read_timeout=read_timeout)
+
+    for _, url in procs:
+        async with client(url) as c:
+            while not await c.health(timeout=1.0):
+                await asyncio.sleep(0.1)
+    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
+    async with Router([url for _, url in procs], config, client_factory=client) as router:
+        yield router
+
+
 @pytest.mark.parametrize("report_errors", [False, True], ids=["raises", "failed-status"])
 async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(report_errors: bool):
     """A real engine process stopped mid-rollout (SIGSTOP: its port accepts, it answers
     nothing): the streams on it fail after the client's read timeout, their episodes re-run
     on the other engine, and the step completes with every sample from the survivor."""
     read_timeout = 1.0
-
-    def client(url: str) -> EngineClient:
-        return EngineClient(url, connect_timeout=1.0, read_timeout=read_timeout)
-
-    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
     with fake_engine_processes(2, token_delay=0.005) as procs:
         (_, survivor), (victim, victim_url) = procs
-        for _, url in procs:
-            async with client(url) as c:
-                while not await c.health(timeout=1.0):
-                    await asyncio.sleep(0.1)
-        async with Router([survivor, victim_url], config, client_factory=client) as router:
+        async with _hang_router(procs, read_timeout) as router:
             manager = RolloutManager(
                 make_episode(router, lambda p: 200, report_errors=report_errors),
                 varying_when(lambda p: True),
@@ -493,23 +501,14 @@ async def test_the_loop_trains_through_an_engine_hung_mid_step(tmp_path) -> None
     )
 
     read_timeout = 1.0
-
-    def client(url: str) -> EngineClient:
-        return EngineClient(url, connect_timeout=1.0, read_timeout=read_timeout)
-
     folder = build_tiny_model(tmp_path / "tiny")
     trainer = TorchEngine(
         TorchEngineConfig(model_path=str(folder), seed=0, optimizer=OptimizerConfig(lr=1e-3))
     )
-    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
     held: list[int] = []
     with fake_engine_processes(2, token_delay=0.005) as procs:
-        (_, survivor), (victim, victim_url) = procs
-        for _, url in procs:
-            async with client(url) as c:
-                while not await c.health(timeout=1.0):
-                    await asyncio.sleep(0.1)
-        async with Router([survivor, victim_url], config, client_factory=client) as router:
+        _, (victim, victim_url) = procs
+        async with _hang_router(procs, read_timeout) as router:
             manager = RolloutManager(
                 make_episode(router, lambda p: 64),
                 varying_when(lambda p: True),
