@@ -126,6 +126,7 @@ def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
     text = run.console.export_text()
     assert "after RL (2 steps)" in text and "+0.667 ±" in text and "pass^2" in text
     assert "RL algorithm: grpo" in text and "RL raised" in text
+    assert "time: rl (s)" in text and "app CPU (s)" in text
 
 
 def test_an_evaluation_only_run_has_one_column_and_no_verdict(tmp_path: Path) -> None:
@@ -138,3 +139,16 @@ def test_an_evaluation_only_run_has_one_column_and_no_verdict(tmp_path: Path) ->
     console.print(results_table("eval", summary))
     text = console.export_text()
     assert "evaluation" in text and "change" not in text and "0.500 ± 0.500" in text
+
+
+def test_the_table_shows_pass_k_at_powers_of_two_and_the_last_k(tmp_path: Path) -> None:
+    items = [[Ep(1)] * 6 + [Ep(0)] * 6 for _ in range(3)]
+    after = evaluation_record({"d": items}, score, 1)
+    assert sum(key.startswith("pass^") for key in after["metrics"]) == 12
+    summary = summary_of(FakeRun(tmp_path), StagesResult(tmp_path, [], after=after), "s")  # type: ignore[arg-type]
+    console = Console(record=True, width=120)
+    console.print(results_table("eval", summary))
+    text = console.export_text()
+    shown = [k for k in range(1, 13) if f"pass^{k} " in text]
+    assert shown == [1, 2, 4, 8, 12]
+    assert " 360 " in text and "360.000" not in text  # a count of tokens: no decimals

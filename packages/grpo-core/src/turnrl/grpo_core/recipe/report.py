@@ -69,8 +69,9 @@ def summary_of(run: Run[Any], result: StagesResult, score: str, **extra: Any) ->
 
 
 def results_table(title: str, summary: Mapping[str, Any]) -> Table:
-    """Before / after RL on the held-out set (score ± s.e., pass^k, turns, tool calls,
-    tokens/s, failed episodes), with the change, and seconds per phase."""
+    """Before / after RL on the held-out set (score ± s.e., pass^k for k = 1, 2, 4, ... and
+    the largest k, turns, tool calls, tokens/s, failed episodes), with the change, and
+    seconds per phase (CPU seconds of the app and of its children last)."""
     before, after = summary["before"], summary["after"]
     records = [r for r in (before, after) if r is not None]
     table = Table(title=title)
@@ -80,23 +81,30 @@ def results_table(title: str, summary: Mapping[str, Any]) -> Table:
         table.add_column(name, justify="right")
 
     def row(label: str, values: list[float], errors: list[float] | None = None) -> None:
+        digits = 0 if min(abs(v) for v in values) >= 100 else 3  # counts, tokens/s
         cells = [
-            f"{v:.3f}" + (f" ± {errors[i]:.3f}" if errors else "") for i, v in enumerate(values)
+            f"{v:.{digits}f}" + (f" ± {errors[i]:.3f}" if errors else "")
+            for i, v in enumerate(values)
         ]
         if len(values) == 2:
             delta = values[1] - values[0]
             cells.append(
-                f"{delta:+.3f}" + (f" ± {summary['score_delta_se']:.3f}" if errors else "")
+                f"{delta:+.{digits}f}" + (f" ± {summary['score_delta_se']:.3f}" if errors else "")
             )
         table.add_row(label, *cells)
 
+    def shown(key: str) -> bool:  # pass^k for k = 1, 2, 4, 8, ... and the last k only
+        k = int(key[5:]) if key.startswith("pass^") else 1
+        return k & (k - 1) == 0 or f"pass^{k + 1}" not in records[-1]["metrics"]
+
     row(summary["score_name"], [r["score"] for r in records], [r["score_se"] for r in records])
     for key in records[-1]["metrics"]:
-        if all(key in r["metrics"] for r in records):
+        if shown(key) and all(key in r["metrics"] for r in records):
             row(key, [r["metrics"][key] for r in records])
     row("failed episodes", [r["failed"] for r in records])
     for name, seconds in summary["phases_s"].items():
-        table.add_row(f"time: {name} (s)", f"{seconds:.1f}", *[""] * len(columns))
+        label = name.replace("_cpu_s", " CPU") if name.endswith("_cpu_s") else f"time: {name}"
+        table.add_row(f"{label} (s)", f"{seconds:.1f}", *[""] * len(columns))
     return table
 
 
