@@ -188,7 +188,14 @@ async def test_the_apps_sandbox_killed_is_started_again_and_nothing_is_scored_fo
     async with stages.serving(tmp_path, [], ScriptedPolicy(chat)) as serving:
         before = await serving.evaluate(0)
         assert before["failed"] == 0.0 and before["score"] > 0
-        (server,) = [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]
+        port = serving.settings.sandbox.config.url.rsplit(":", 1)[1]
+
+        def servers() -> list[int]:  # the app's sandbox, not the other tests'
+            return [
+                p for p in descendants() if f"serve --host 127.0.0.1 --port {port}" in cmdline(p)
+            ]
+
+        (server,) = servers()
         os.killpg(server, signal.SIGKILL)
         during = await asyncio.wait_for(serving.evaluate(1), 120)
         for name, items in during["per_item"].items():
@@ -201,9 +208,9 @@ async def test_the_apps_sandbox_killed_is_started_again_and_nothing_is_scored_fo
         if during["failed"]:
             assert "Sandbox" in during["error"]
         deadline = asyncio.get_running_loop().time() + 60
-        while not [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]:
+        while not servers():
             assert asyncio.get_running_loop().time() < deadline, "the sandbox was not restarted"
             await asyncio.sleep(0.2)
         after = await serving.evaluate(2)
         assert after["failed"] == 0.0 and after["per_item"] == before["per_item"]
-    assert not [p for p in descendants() if "sandbox.cli serve" in cmdline(p)]
+    assert not servers()
