@@ -121,6 +121,9 @@ class StagesResult:
     """Every RL step's metrics."""
     sft: dict[str, Any] | None = None
     """What SFT did (``sft.json``), when it ran or was reused."""
+    runner: str = "local"
+    """Where the run trained and served: ``ray``, or ``local`` (also every ``evaluate``-only
+    run: its engines are child processes)."""
 
 
 def sft_stage(run: Run[Any], app: App, base: Path) -> tuple[Path, dict[str, Any] | None]:
@@ -187,7 +190,7 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
             from turnrl.grpo_core.weight_sync.disk import reload_engines
 
             await reload_engines(urls, policy, "0")
-        result = StagesResult(policy, urls, sft=sft)
+        result = StagesResult(policy, urls, sft=sft, runner="ray" if on_ray else "local")
         await _serve(run, app, result, trainer, job, train)
     return result
 
