@@ -87,6 +87,7 @@ def test_finish_writes_the_summary_after_flushing_the_metrics(tmp_path: Path) ->
     assert json.loads((tmp_path / "summary.json").read_text()) == {
         "path": str(tmp_path),
         "steps": 2,
+        "curves": [str(p) for p in curves],  # written once, after the curves were drawn
     }
     assert curves and all(p.read_bytes()[:4] == b"\x89PNG" for p in curves)
 

@@ -95,8 +95,10 @@ class FakeRun:
         return 10.0
 
     def finish(self, summary: dict[str, Any]) -> list[Path]:
+        paths = [self.folder / "curves" / "val-core.png"]
+        summary["curves"] = [str(p) for p in paths]  # as Run.finish does
         (self.folder / "summary.json").write_text(json.dumps(summary, default=str))
-        return [self.folder / "curves" / "val-core.png"]
+        return paths
 
 
 def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
@@ -120,7 +122,7 @@ def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
     assert summary["phases_s"]["rl"] == 3.0 and summary["phases_s"]["app_cpu_s"] > 0
     assert summary["sft"] == {"steps": 5} and summary["engine_urls"] == ["http://e:1"]
     assert summary["runner"] == "ray"
-    # summary.json is written again once the curves are drawn, naming them.
+    # summary.json names the curves.
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["curves"] == [str(tmp_path / "curves" / "val-core.png")]
     text = run.console.export_text()
@@ -140,6 +142,7 @@ def test_an_evaluation_only_run_has_one_column_and_no_verdict(tmp_path: Path) ->
     console.print(results_table("eval", summary))
     text = console.export_text()
     assert "evaluation" in text and "change" not in text and "0.500 ± 0.500" in text
+    assert all(line.count("│") == 3 for line in text.splitlines() if "time: " in line)
 
 
 def test_the_table_shows_pass_k_at_powers_of_two_and_the_last_k(tmp_path: Path) -> None:

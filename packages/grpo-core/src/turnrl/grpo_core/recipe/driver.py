@@ -120,11 +120,14 @@ class Run(Generic[C]):
         return value
 
     def finish(self, summary: dict[str, Any]) -> list[Path]:
-        """Close the logger, write ``summary.json`` and draw the run's PNG curves (a warning
-        and none when they cannot be drawn); returns the curves' paths."""
+        """Close the logger, draw the run's PNG curves (a warning and none when they cannot
+        be drawn) and write ``summary.json`` once, naming them under ``curves``; returns the
+        curves' paths."""
         self.logger.close()  # flushed: the curves are read from metrics.jsonl
+        paths = render_run_curves(self.folder, self.console)
+        summary["curves"] = [str(p) for p in paths]
         write_summary(self.folder / "summary.json", summary)
-        return render_run_curves(self.folder, self.console)
+        return paths
 
 
 @contextlib.contextmanager

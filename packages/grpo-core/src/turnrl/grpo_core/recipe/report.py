@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from turnrl.grpo_core.recipe.evaluation import change, verdict, write_summary
+from turnrl.grpo_core.recipe.evaluation import change, verdict
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.recipe.driver import Run
@@ -104,7 +104,7 @@ def results_table(title: str, summary: Mapping[str, Any]) -> Table:
     row("failed episodes", [r["failed"] for r in records])
     for name, seconds in summary["phases_s"].items():
         label = name.replace("_cpu_s", " CPU") if name.endswith("_cpu_s") else f"time: {name}"
-        table.add_row(f"{label} (s)", f"{seconds:.1f}", *[""] * len(columns))
+        table.add_row(f"{label} (s)", f"{seconds:.1f}", *[""] * (len(table.columns) - 2))
     return table
 
 
@@ -118,7 +118,6 @@ def report_run(
     if "verdict" in summary:
         run.console.print(f"RL algorithm: {summary['algorithm']}")
         run.console.print(f"[bold]{summary['verdict']}[/bold]")
-    summary["curves"] = [str(p) for p in run.finish(summary)]
-    path = write_summary(run.folder / "summary.json", summary)  # now with the curves
-    run.console.print(f"summary: {path}")
+    run.finish(summary)  # summary.json, with the curves it drew
+    run.console.print(f"summary: {run.folder / 'summary.json'}")
     return summary
