@@ -104,13 +104,12 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
         return EngineClient(url, connect_timeout=2.0, read_timeout=read_timeout)
 
     config = RouterConfig(health_interval=0.5, health_timeout=1.0, open_cooldown=30.0)
-    params = SamplingParams(temperature=1.0, max_tokens=300, ignore_eos=True)
     started: list[str] = []
     assert victim.process is not None
     group = os.getpgid(victim.process.pid)
     async with Router([s.url for s in engines], config, client_factory=client) as router:
         manager = RolloutManager(
-            _episode_fn(router, started, params),
+            _episode_fn(router, started, PARAMS),
             _reward,
             router,
             RolloutManagerConfig(max_concurrency_per_engine=4, max_retries=3, retry_backoff=0.5),
@@ -134,7 +133,7 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
         finally:
             os.killpg(group, signal.SIGCONT)
     assert len(samples) == 8 and len({s.group_id for s in samples}) == 4
-    assert all(s.status == "completed" and len(s.response_ids) == 300 for s in samples)
+    assert all(s.status == "completed" and len(s.response_ids) == 1000 for s in samples)
     episode = {s.session_id.rsplit("-a", 1)[0]: s for s in samples}
     assert held and len(episode) == 8
     # every held episode ended on A, and every re-run attempt ran on A
