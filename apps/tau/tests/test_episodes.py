@@ -86,13 +86,26 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
         TauSettings(sft_prefix_loss=-0.1)
 
 
+def test_the_default_sft_on_other_stores_is_for_the_synthetic_domain_only() -> None:
+    """The CPU default trains SFT on other generated stores only; with real data (no other
+    stores) it trains on the training tasks, unless those flags are given, then refused."""
+    default = resolve([], {}).config.tau
+    assert (default.sft_extra_stores, default.sft_train_tasks) == (2, False)
+    real = ["--domain", "retail", "--tau-bench-dir", "data"]
+    tau = resolve(real, {}).config.tau
+    assert (tau.sft_extra_stores, tau.sft_train_tasks) == (0, True)
+    for flags in (["--no-sft-train-tasks"], ["--sft-extra-stores", "1"]):
+        with pytest.raises(ValueError, match="synthetic domain"):  # refused, not ignored
+            resolve([*real, *flags], {})
+
+
 def test_sft_without_the_training_tasks_sees_only_other_stores() -> None:
     """``--no-sft-train-tasks``: no conversation of a training task (no order id of the
     run's store) is in the SFT data; without other stores to train on it is refused."""
     config = resolve(["--smoke", "--sft-extra-stores", "1", "--no-sft-train-tasks"], {}).config
     data = load_tasks_and_domain(config.tau)
     chats = TauStages(config, data, [], None).sft_data()
-    with_tasks = resolve(["--smoke", "--sft-extra-stores", "1"], {}).config
+    with_tasks = resolve(["--smoke", "--sft-extra-stores", "1", "--sft-train-tasks"], {}).config
     both = TauStages(with_tasks, data, [], None).sft_data()
     assert chats is not None and both is not None
     assert len(both.chats) == len(chats.chats) + len(data.train)

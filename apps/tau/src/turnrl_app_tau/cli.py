@@ -59,6 +59,7 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--short-tools", "rollout.short_tools", ON, "tool schemas without descriptions"),
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
     ("--no-sft-train-tasks", "tau.sft_train_tasks", OFF, "SFT on the extra stores only"),
+    ("--sft-train-tasks", "tau.sft_train_tasks", ON, "the training tasks in the SFT data too"),
     ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
     ("--sft-prefix-loss", "tau.sft_prefix_loss", float, "end the prefix steps at this loss"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),
@@ -134,4 +135,15 @@ def resolve(
     args = vars(build_parser().parse_args(list(argv) if argv is not None else None))
     command, resume = args.pop("command"), args["resume"]
     from_env = env_fields(_ENV_VARS, os.environ if environ is None else environ)
-    return Invocation(command, from_dict(resolve_fields(args, preset, from_env)), resume)
+    given = set(args) | set(from_env)
+    data = resolve_fields(args, preset, from_env)
+    tau = data["tau"]
+    if not resume and tau["domain"] != "synthetic" and not given & _OTHER_STORES:
+        # A preset's SFT on other generated stores (the CPU default's) is a plan for the
+        # synthetic domain; real data has no other stores, so SFT trains on its tasks. The
+        # same settings given as flags are checked (and refused) by TauSettings.
+        tau.update(sft_extra_stores=0, sft_train_tasks=True)
+    return Invocation(command, from_dict(data), resume)
+
+
+_OTHER_STORES = {"tau.sft_extra_stores", "tau.sft_train_tasks"}

@@ -103,6 +103,11 @@ class TauSettings(TauTaskConfig):
             raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:
             raise ValueError(f"sft_extra_stores must be >= 0, got {self.sft_extra_stores}")
+        if self.sft_extra_stores and self.domain != "synthetic":
+            raise ValueError(
+                f"sft_extra_stores={self.sft_extra_stores} (--sft-extra-stores): other stores "
+                f"are generated for the synthetic domain only, not {self.domain!r}"
+            )
         if not self.sft_train_tasks and not (self.domain == "synthetic" and self.sft_extra_stores):
             raise ValueError(
                 "sft_train_tasks off needs other stores to train on: the synthetic domain "

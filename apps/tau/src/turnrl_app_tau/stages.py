@@ -121,10 +121,8 @@ class TauStages:
         if not data.train:
             return None
         chats = [data.conversation(task) for task in data.train] if t.sft_train_tasks else []
-        if t.sft_extra_stores and t.domain == "synthetic":
+        if t.sft_extra_stores:  # synthetic only (TauSettings)
             chats += extra_store_conversations(t, t.sft_extra_stores)
-        elif t.sft_extra_stores:
-            console.print(f"SFT: sft_extra_stores={t.sft_extra_stores} ignored (synthetic only)")
         probe: list[list[dict[str, Any]]] = []
         if sft.probe_target:
             if t.domain == "synthetic":  # a store SFT never sees
