@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_OTHER_STORES = {"tau.sft_extra_stores", "tau.sft_train_tasks"}
+"""Settings of the synthetic domain's other-store SFT (``resolve`` drops a preset's for real data)."""
+
+
 def resolve(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> Invocation:
@@ -144,6 +148,3 @@ def resolve(
         # same settings given as flags are checked (and refused) by TauSettings.
         tau.update(sft_extra_stores=0, sft_train_tasks=True)
     return Invocation(command, from_dict(data), resume)
-
-
-_OTHER_STORES = {"tau.sft_extra_stores", "tau.sft_train_tasks"}

@@ -108,7 +108,7 @@ class TauSettings(TauTaskConfig):
                 f"sft_extra_stores={self.sft_extra_stores} (--sft-extra-stores): other stores "
                 f"are generated for the synthetic domain only, not {self.domain!r}"
             )
-        if not self.sft_train_tasks and not (self.domain == "synthetic" and self.sft_extra_stores):
+        if not self.sft_train_tasks and not self.sft_extra_stores:  # (synthetic: checked above)
             raise ValueError(
                 "sft_train_tasks off needs other stores to train on: the synthetic domain "
                 "and sft_extra_stores >= 1"
