@@ -269,8 +269,7 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
 
 async def test_killing_one_engine_mid_run_loses_no_request(engines, router: Router):
     # As long as the model allows, so the victim's requests are still running when it dies
-    # even when the stream the client reads lags the engine by thousands of tokens; the
-    # survivor's requests are aborted once the victim's have failed, to end the test.
+    # even when the stream the client reads lags the engine by thousands of tokens.
     params = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
     tasks = [
         asyncio.create_task(router.generate([1, 2, 3 + i], params, f"kill-{i}")) for i in range(12)
@@ -282,10 +281,17 @@ async def test_killing_one_engine_mid_run_loses_no_request(engines, router: Rout
         assert not all(t.done() for t in tasks)
         await asyncio.sleep(0.01)
     await asyncio.to_thread(victim.kill)
+    # The survivor's requests are aborted at once: its 30k-token streams would otherwise hold
+    # the 2 cores while this process reads what the victim sent before it died (on CI the
+    # victim had sent 9,137 tokens of a request when it was killed, and 4 of its streams
+    # were still being read 60 s later, behind the survivor's).
+    survivor = router.engine(engines[0].url).client
+    stop_survivor = asyncio.create_task(survivor.abort(survivor.in_flight(), drain_timeout=60))
     deadline = time.monotonic() + 60
     while victim_client.num_in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not victim_client.num_in_flight, "the dead engine's requests did not fail"
+    await stop_survivor
     for i in range(12):
         try:
             # Generous: on a loaded 2-core CI machine a survivor's stream can lag its engine
