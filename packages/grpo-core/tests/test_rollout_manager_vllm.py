@@ -122,9 +122,14 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
         os.killpg(group, signal.SIGSTOP)
         try:
             began = time.monotonic()
-            # What B sent before it stopped may still be on its way (socket buffers): a
-            # stream that ends from it ended before the stop. Held = still in flight after.
-            await asyncio.sleep(0.5)
+            # What B sent before it stopped may still be on its way (socket buffers, read
+            # late by a client on a loaded machine): a stream that ends from it ended before
+            # the stop. Held = still in flight once the tokens read stop changing for 0.5 s
+            # (the 5 s read timeout only runs once nothing more arrives).
+            seen: dict[str, int] | None = None
+            while (now := b.in_flight_tokens()) != seen:
+                seen = now
+                await asyncio.sleep(0.5)
             held = {
                 sid: sum(b.in_flight_tokens(sid).values()) for sid in started if b.in_flight(sid)
             }
