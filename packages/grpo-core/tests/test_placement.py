@@ -129,6 +129,18 @@ def test_colocated_engines_share_the_trainers_node(cluster: Cluster) -> None:
     assert free_cpus == pytest.approx(2 * CPUS_PER_NODE - 2)
 
 
+def test_a_trainer_rank_runs_the_torch_threads_it_is_given(cluster: Cluster) -> None:
+    """Ray starts a 1-CPU actor's worker with OMP_NUM_THREADS=1 and torch is imported before
+    the actor is built: the rank's own OMP_NUM_THREADS must still set torch's threads (the
+    CPU default's trainer ran on one of its two threads, train phase +25%)."""
+    config = PlacementConfig(actor_num_gpus_per_node=1, rollout_num_gpus=1, accelerator="CPU")
+    env = {**ACTOR_ENV, "OMP_NUM_THREADS": "2"}
+    with RayPlacement(config, ready_timeout_s=60, env=env) as placement:
+        (trainer,) = placement.start_trainers()
+        info = ray.get(trainer.node_info.remote())
+    assert info["torch_threads"] == 2
+
+
 def test_not_enough_resources_fails_within_timeout(cluster: Cluster) -> None:
     """5 one-CPU bundles on 4 CPUs: a clear error after the timeout, nothing left reserved."""
     config = PlacementConfig(actor_num_gpus_per_node=3, rollout_num_gpus=2, accelerator="CPU")

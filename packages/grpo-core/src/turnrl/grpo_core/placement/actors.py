@@ -127,17 +127,25 @@ class TrainerActor:
             rank: Global rank.
             world_size: Number of trainer ranks.
             device: ``cpu``, ``cuda`` or ``npu``.
-            env: Variables to set in this process (before torch is imported).
+            env: Variables to set in this process; ``OMP_NUM_THREADS`` also sets torch's
+                CPU threads (Ray starts a worker with it at the actor's CPU count, and torch
+                is imported by the time the actor is built, so the variable alone does not).
         """
         os.environ.update(env)
+        if "OMP_NUM_THREADS" in env:
+            import torch
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         self.rank, self.world_size, self.device = rank, world_size, device
         self.engine: Any = None
         self.reference: Any = None
         self.weight_sync: Any = None
 
     def node_info(self) -> dict[str, Any]:
-        """Node id, node IP, pid and rank of this actor."""
-        return {**_node_info(), "rank": self.rank}
+        """Node id, node IP, pid, rank and torch CPU threads of this actor."""
+        import torch
+
+        return {**_node_info(), "rank": self.rank, "torch_threads": torch.get_num_threads()}
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's IP and a port free on it, for rank 0 to host the process group."""
