@@ -85,6 +85,16 @@ def _episode_fn(router: Router, started: list[str], params: SamplingParams) -> A
     return episode
 
 
+async def _settled(client: EngineClient, every: float) -> dict[str, int]:
+    """The client's tokens read per in-flight request, once unchanged for ``every`` seconds
+    (what a stopped engine had sent is read late by a client on a loaded machine)."""
+    seen: dict[str, int] | None = None
+    while (now := client.in_flight_tokens()) != seen:
+        seen = now
+        await asyncio.sleep(every)
+    return seen
+
+
 async def _reward(samples: list[Traj]) -> list[float]:
     return [float(len(set(s.response_ids)) % 2) for s in samples]
 
@@ -126,10 +136,7 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
             # late by a client on a loaded machine): a stream that ends from it ended before
             # the stop. Held = still in flight once the tokens read stop changing for 0.5 s
             # (the 5 s read timeout only runs once nothing more arrives).
-            seen: dict[str, int] | None = None
-            while (now := b.in_flight_tokens()) != seen:
-                seen = now
-                await asyncio.sleep(0.5)
+            await _settled(b, every=0.5)
             held = {
                 sid: sum(b.in_flight_tokens(sid).values()) for sid in started if b.in_flight(sid)
             }
@@ -172,10 +179,7 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
         # episode B had finished may still complete from the socket), then crash it. The
         # episodes still in flight at the crash are those that must end on A.
         os.killpg(os.getpgid(victim.process.pid), signal.SIGSTOP)
-        seen: dict[str, int] | None = None
-        while (now := b.in_flight_tokens()) != seen:
-            seen = now
-            await asyncio.sleep(1.0)
+        seen = await _settled(b, every=1.0)
         held = {sid for sid in started if b.in_flight(sid)}  # one request per episode
         streamed = {sid for sid in held if any(b.in_flight_tokens(sid).values())}
         if not held:  # CI saw this once: say where B's episodes went before failing
