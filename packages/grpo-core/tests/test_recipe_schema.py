@@ -30,6 +30,7 @@ from turnrl.grpo_core.recipe.schema import (
     trainer_config,
 )
 from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
+from turnrl.rollout_router.router import Router
 
 
 @dataclass
@@ -111,6 +112,10 @@ def test_bad_values_are_clear_errors() -> None:
         check_schema(AppConfig(logger=["neptune"]), [])
     with pytest.raises(ValueError, match="needs --hf-checkpoint"):
         check_schema(AppConfig(cluster=ClusterConfig(device="gpu")), [])
+    with pytest.raises(ValueError, match="--router-read-timeout must be > 0, got 0"):
+        check_schema(AppConfig(engine=EngineConfig(read_timeout=0)), [])
+    with pytest.raises(ValueError, match="--vllm-server-concurrency must be >= 1, got 0"):
+        check_schema(AppConfig(engine=EngineConfig(server_concurrency=0)), [])
 
 
 def test_a_partial_section_keeps_the_apps_own_defaults() -> None:
@@ -168,6 +173,10 @@ def test_engines_router_loop_and_reference_come_from_the_sections() -> None:
     assert engine_spec(config, Path("m"), 4096).max_model_len == 1024
     router = router_config(config)
     assert router.max_concurrency_per_engine == 16 and router.failure_threshold == 3
+    assert router.read_timeout == 300.0
+    config.engine.read_timeout = 7.5  # --router-read-timeout reaches every engine's client
+    (engine,) = Router(["http://127.0.0.1:1"], router_config(config)).engines
+    assert engine.client.read_timeout == 7.5
     config.engine.disable_circuit_breaker = True
     assert router_config(config).failure_threshold > 10**6
     loop = loop_config(config)

@@ -53,8 +53,10 @@ async def test_requests_to_a_stopped_engine_rerun_on_another(start_engine: Start
     _, url_b = start_engine()
     await _healthy(url_a, url_b)
     os.kill(stopped.pid, signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
-    config = RouterConfig(health_interval=0.2, health_timeout=0.5, failure_threshold=1)
-    async with Router([url_a, url_b], config, client_factory=_client) as router:
+    config = RouterConfig(
+        health_interval=0.2, health_timeout=0.5, failure_threshold=1, read_timeout=READ_TIMEOUT
+    )
+    async with Router([url_a, url_b], config) as router:  # its clients take read_timeout
         began = time.monotonic()
         gens = await asyncio.wait_for(
             asyncio.gather(

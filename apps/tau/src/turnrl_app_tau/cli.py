@@ -82,7 +82,7 @@ _ENV_VARS: list[tuple[str, str, Any]] = [
 _NOT_IN_SCRIPT = (
     *("--device", "--runner", "--dtype", "--torch-threads", "--micro-batch-size", "--async"),
     *("--max-off-policy-steps", "--eval-interval", "--save-interval", "--lr-warmup-iters"),
-    *("--adam-eps", "--loss-agg-mode", "--rewards-normalization"),
+    *("--adam-eps", "--loss-agg-mode", "--rewards-normalization", "--router-read-timeout"),
 )
 SCRIPT_FLAGS: tuple[str, ...] = tuple(
     f

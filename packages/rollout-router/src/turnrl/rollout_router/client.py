@@ -116,6 +116,8 @@ class EngineClient:
             raise ValueError("connect_timeout and read_timeout must be > 0")
         self.url = url.rstrip("/")
         """Base URL of the engine."""
+        self.read_timeout = read_timeout
+        """Seconds without a byte from the engine before a request fails."""
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=read_timeout
         )

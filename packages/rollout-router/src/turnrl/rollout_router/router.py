@@ -70,6 +70,9 @@ class RouterConfig:
     """Engines tried for one request (retries happen only before any token)."""
     acquire_timeout: float | None = None
     """Seconds to wait for a free slot when all engines are at their cap (None: forever)."""
+    read_timeout: float = 300.0
+    """Seconds without a byte from an engine before its request fails (a hung engine's
+    requests then fail, and those that had no token yet go to another engine)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,7 +83,13 @@ class RouterConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("sticky_ttl", "open_cooldown", "max_open_cooldown", "health_timeout"):
+        for name in (
+            "sticky_ttl",
+            "open_cooldown",
+            "max_open_cooldown",
+            "health_timeout",
+            "read_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.health_interval < 0:
@@ -140,23 +149,29 @@ class Router:
 
         async with Router(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as router:
             gen = await router.generate(prompt_ids, SamplingParams(max_tokens=64), "episode-7")
+
+    ``client_factory`` makes an engine's client from its URL (default: an
+    :class:`EngineClient` with the config's ``read_timeout``).
     """
 
     def __init__(
         self,
         engines: list[str] | None = None,
         config: RouterConfig | None = None,
-        client_factory: Callable[[str], EngineClient] = EngineClient,
+        client_factory: Callable[[str], EngineClient] | None = None,
     ) -> None:
         self.config = config or RouterConfig()
         """Routing settings."""
-        self._client_factory = client_factory
+        self._client_factory = client_factory or self._client
         self._engines: dict[str, EngineState] = {}
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._waiters: set[asyncio.Future[None]] = set()
         self._health_task: asyncio.Task[None] | None = None
         for url in engines or []:
             self.add_engine(url)
+
+    def _client(self, url: str) -> EngineClient:
+        return EngineClient(url, read_timeout=self.config.read_timeout)
 
     # ------------------------------------------------------------ engines
     def add_engine(self, url: str) -> EngineState:

@@ -190,6 +190,9 @@ class EngineConfig:
     """Requests in flight per engine through the router [--vllm-server-concurrency]."""
     disable_circuit_breaker: bool = False
     """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
+    read_timeout: float = 300.0
+    """Seconds without a byte from an engine before its request fails: a hung engine's
+    episodes then re-run on another engine [--router-read-timeout]."""
     extra_args: list[str] = field(default_factory=list)
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 
@@ -284,6 +287,7 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--vllm-max-model-len", "engine.max_model_len", int),
     ("--vllm-server-concurrency", "engine.server_concurrency", int),
     ("--router-disable-circuit-breaker", "engine.disable_circuit_breaker", BOOL),
+    ("--router-read-timeout", "engine.read_timeout", float),
     ("--num-rollout", "loop.num_rollout", int),
     ("--rollout-batch-size", "loop.rollout_batch_size", int),
     ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
@@ -494,6 +498,12 @@ def check_schema(config: Any, refused: list[str]) -> None:
         raise ValueError(f"--logger {','.join(unknown)}: known trackers are {KNOWN_TRACKERS}")
     if config.model.torch_threads < 0:
         raise ValueError(f"--torch-threads must be >= 0, got {config.model.torch_threads}")
+    if config.engine.server_concurrency < 1:
+        raise ValueError(
+            f"--vllm-server-concurrency must be >= 1, got {config.engine.server_concurrency}"
+        )
+    if config.engine.read_timeout <= 0:
+        raise ValueError(f"--router-read-timeout must be > 0, got {config.engine.read_timeout}")
     if config.cluster.device != "cpu" and config.model.hf_checkpoint is None:
         raise ValueError("a gpu/npu run needs --hf-checkpoint (the tiny model is for CPU)")
     if config.parallel.train_backend == "megatron":
@@ -588,13 +598,15 @@ def engines(config: Any, spec: Any, log_dir: Path, on_ray: bool) -> Any:
 
 def router_config(config: Any) -> Any:
     """The router over the engines: ``engine.server_concurrency`` requests in flight per
-    engine; a failing engine out of rotation after 3 failures unless the breaker is off."""
+    engine; a failing engine out of rotation after 3 failures unless the breaker is off; a
+    request failed after ``engine.read_timeout`` seconds without a byte."""
     from turnrl.rollout_router.router import RouterConfig
 
     e = config.engine
     return RouterConfig(
         max_concurrency_per_engine=e.server_concurrency,
         failure_threshold=10**9 if e.disable_circuit_breaker else 3,
+        read_timeout=e.read_timeout,
     )
 
 
