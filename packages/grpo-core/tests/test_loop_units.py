@@ -213,9 +213,22 @@ async def test_disk_weight_sync_against_loopback_engines(tmp_path: Path) -> None
         assert not (tmp_path / "v1").exists() and (tmp_path / "v2").is_dir()
         with pytest.raises(ValueError, match="increase"):
             await sync.sync(trainer, 2)
-        bad = DiskWeightSync([engines[0].url, "http://127.0.0.1:1"], tmp_path / "b")
-        with pytest.raises(Exception, match=r"127\.0\.0\.1:1"):
-            await bad.sync(trainer, 1)
+        # An engine that cannot be reached leaves the run; the others still get the version.
+        lost: list[str] = []
+
+        async def on_lost(url: str) -> None:
+            lost.append(url)
+
+        dead = "http://127.0.0.1:1"
+        partial = DiskWeightSync([dead, engines[0].url], tmp_path / "b", on_engine_lost=on_lost)
+        assert (await partial.sync(trainer, 3))["engines"] == 1.0
+        assert lost == partial.lost == [dead] and partial.engine_urls == [engines[0].url]
+        assert engines[0].version == "3" and engines[1].version == "2"
+        assert (await partial.sync(trainer, 4))["engines"] == 1.0  # not asked again
+        assert lost == [dead] and engines[0].version == "4"
+        alone = DiskWeightSync([dead], tmp_path / "c")
+        with pytest.raises(WeightSyncError, match=r"no engine took weight version 1: all 1 "):
+            await alone.sync(trainer, 1)
     finally:
         for engine in engines:
             await engine.stop()

@@ -12,7 +12,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from turnrl.grpo_core.recipe.evaluation import evaluation_record, record_scalars
+from turnrl.grpo_core.recipe.evaluation import (
+    evaluation_record,
+    record_scalars,
+    rerun_engine_failures,
+)
 from turnrl.grpo_core.recipe.report import report_run, results_table, summary_of
 from turnrl.grpo_core.recipe.stages import StagesResult
 
@@ -59,6 +63,33 @@ def test_a_record_scores_items_and_leaves_infrastructure_failures_out() -> None:
     points = record_scalars(record)
     assert points["val-core/d/acc/mean@2"] == record["score"]
     assert points["val-aux/pass^2"] == metrics["pass^2"] and points["val-aux/failed"] == 3 / 8
+
+
+async def test_episodes_their_engine_failed_run_again_and_are_counted() -> None:
+    """An engine's failure is re-run (up to max_retries rounds); the policy's own outcomes and
+    other infrastructure failures (a user simulator's) are not."""
+    first = [Ep(1), lost("PartialGenerationError: engine died after 7 tokens"), Ep(0)]
+    first += [lost("UserSimulatorError: down"), lost("EngineUnavailableError: refused")]
+    calls: list[int] = []
+
+    async def rerun(i: int) -> Ep:
+        calls.append(i)
+        if i == 4 and calls.count(4) == 1:  # fails once more, then succeeds
+            return lost("NoEngineAvailableError: none")
+        return Ep(1)
+
+    done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
+    assert sorted(calls) == [1, 4, 4] and reruns == 3
+    assert [e.status for e in done] == ["completed"] * 3 + ["failed", "completed"]
+    assert done[3].metadata["error"].startswith("UserSimulatorError")  # not an engine's
+    record = evaluation_record({"d": [[e] for e in done]}, score, 1.0, reruns)
+    assert record["metrics"]["engine_reruns"] == 3.0 and record["failed"] == 1 / 5
+
+    async def dead(i: int) -> Ep:
+        return lost("EngineUnavailableError: refused")
+
+    done, reruns = await rerun_engine_failures(first, dead, max_retries=2, backoff=0.0)
+    assert reruns == 4 and sum(e.status == "failed" for e in done) == 3  # counted, not scored
 
 
 def test_several_datasets_weigh_alike_and_non_binary_scores_get_no_pass_k() -> None:

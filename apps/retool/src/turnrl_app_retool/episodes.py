@@ -50,7 +50,7 @@ def episode_settings(
 
 
 def validation_record(
-    datasets: Mapping[str, Sequence[Trajectory]], seconds: float
+    datasets: Mapping[str, Sequence[Trajectory]], seconds: float, reruns: int = 0
 ) -> dict[str, Any]:
     """``recipe.evaluation.evaluation_record`` of each dataset's episodes, by problem (its
     group): accuracy is the score (``correct``), ReTool's reward is averaged too. Episodes
@@ -70,4 +70,4 @@ def validation_record(
     def score(t: Trajectory) -> dict[str, float]:
         return {"score": t.reward_breakdown["correct"], "reward": t.reward}
 
-    return evaluation_record(grouped, score, seconds)
+    return evaluation_record(grouped, score, seconds, reruns)

@@ -22,6 +22,7 @@ from typing import Any
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards
 from turnrl.grpo_core.recipe import schema
+from turnrl.grpo_core.recipe.evaluation import rerun_engine_failures
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.chat import ChatTokenizer
@@ -86,15 +87,21 @@ class RetoolServing:
     async def evaluate(self, step: int) -> dict[str, Any]:
         """Every validation set, ``eval.n`` samples a problem (``episodes.validation_record``);
         a few generations of each logged as text."""
-        start, episodes = time.perf_counter(), {}
+        start, episodes, reruns, n = time.perf_counter(), {}, 0, self.config.eval.n
         for source, tasks in self.datasets.val.items():
-            trajs = await run_tasks(
-                self.router, self.settings, tasks, self.config.eval.n, group_prefix=f"val-{source}"
+            prefix = f"val-{source}"
+
+            async def rerun(i: int, tasks: Any = tasks, prefix: str = prefix) -> Any:
+                group = f"{prefix}-{i // n}"
+                return await run_task(self.router, self.settings, tasks[i // n], group, i % n)
+
+            trajs, again = await rerun_engine_failures(
+                await run_tasks(self.router, self.settings, tasks, n, group_prefix=prefix), rerun
             )
-            episodes[source] = trajs
+            episodes[source], reruns = trajs, reruns + again
             text = generations_text(trajs, self.settings.chat)
             self.logger.log_samples(step, [text], f"val/{source}/generations")
-        return validation_record(episodes, time.perf_counter() - start)
+        return validation_record(episodes, time.perf_counter() - start, reruns)
 
     def rollout(self) -> Rollout:
         """Episodes with the sandbox under a ``RolloutManager`` (DAPO's filter and extra

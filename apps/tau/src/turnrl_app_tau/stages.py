@@ -22,7 +22,7 @@ from rich.console import Console
 
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
 from turnrl.grpo_core.recipe import schema
-from turnrl.grpo_core.recipe.evaluation import evaluation_record
+from turnrl.grpo_core.recipe.evaluation import evaluation_record, rerun_engine_failures
 from turnrl.grpo_core.recipe.sft import ChatPhase, chat_prefix
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
@@ -80,14 +80,16 @@ async def evaluate(
         raise ValueError(f"trials must be >= 1, got {trials}")
     start = time.perf_counter()
     items = [(task, f"eval-{i}", t) for i, task in enumerate(tasks) for t in range(trials)]
-    trajs = await episodes.run(items, config)
+    trajs, reruns = await rerun_engine_failures(
+        await episodes.run(items, config), lambda i: episodes.episode(*items[i], config)
+    )
     by_task = [trajs[i : i + trials] for i in range(0, len(trajs), trials)]
 
     def scores(traj: Trajectory) -> dict[str, float]:
         shaped, task = score(traj, shaped=True)
         return {"score": task, "shaped_reward": shaped}
 
-    return evaluation_record({"tau": by_task}, scores, time.perf_counter() - start)
+    return evaluation_record({"tau": by_task}, scores, time.perf_counter() - start, reruns)
 
 
 def engine_spec(config: TauAppConfig, model: Path) -> EngineSpec:

@@ -305,7 +305,9 @@ async def build_rl(
     ``--use-dynamic-batch-size``, the reference policy ``--ref-load`` or ``policy`` when the
     KL loss is on) training ``trainer`` here or on the Ray run's ranks (``job``, started
     here unless they are), rolling out through ``generate`` over the engines at ``urls``
-    (``router``'s: their busy time is logged), weights synced to them, checkpoints in the
+    (``router``'s: their busy time, and as ``rollout/engine_errors`` the requests and health
+    checks that failed on them since the previous step, are logged), weights synced to them
+    (an engine the sync cannot reach leaves the router), checkpoints in the
     run folder. Every step's metrics (first handed to ``on_step``, which may add the app's
     own; the main ones also under verl's names, :data:`VERL_NAMES`) go to the run's logger
     (phase ``rl``) and, as ``format_step_line``, to the console.
@@ -325,10 +327,17 @@ async def build_rl(
     from turnrl.grpo_core.recipe.loop import build_loop
     from turnrl.grpo_core.recipe.schema import loop_config as settings
     from turnrl.grpo_core.recipe.schema import reference_settings
+    from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
 
     loop_config = settings(run.config)
+    errors: dict[str, int] = {}  # each engine's failed requests and health checks so far
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        now = {url: m["errors_total"] for url, m in router.metrics().items()}
+        metrics["rollout/engine_errors"] = float(
+            sum(max(0, n - errors.get(url, 0)) for url, n in now.items())
+        )
+        errors.update(now)
         if on_step is not None:
             on_step(step, metrics)  # the same dict lands in the loop's history
         metrics.update({v: metrics[k] for k, v in VERL_NAMES.items() if k in metrics})
@@ -355,6 +364,18 @@ async def build_rl(
         checkpoint_dir=str(run.folder / "checkpoints"),
         engine_busy=router.busy_seconds,
     )
+    if isinstance(loop.weight_sync, DiskWeightSync):
+        sync = loop.weight_sync
+
+        async def engine_lost(url: str) -> None:
+            with contextlib.suppress(KeyError):  # the router may have dropped it already
+                await router.remove_engine(url)
+            run.console.print(
+                f"[yellow]engine {url} could not be reached at the weight sync: it is left "
+                f"out of the run ({len(sync.engine_urls)} engine(s) go on; its log says why)"
+            )
+
+        sync.on_engine_lost = engine_lost
     return loop, stage
 
 

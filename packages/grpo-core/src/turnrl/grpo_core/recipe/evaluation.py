@@ -3,22 +3,30 @@
 Both apps evaluate a held-out set before RL, every ``--eval-interval`` steps and after RL,
 and report each score with its standard error over items (tasks, problems: the samples of
 one item are correlated, so they count once), tau-bench's pass^k, and the change RL made,
-paired over the same items where both evaluations list them. :class:`Phases` times the
+paired over the same items where both evaluations list them; an episode its engine failed
+(dead or hung, not the policy's doing) is run again (:func:`rerun_engine_failures`), as
+RL's rollout does, before it may count as failed. :class:`Phases` times the
 run's phases on the console; :func:`render_run_curves` and :func:`write_summary` leave the
 run's PNG curves and ``summary.json``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
+
+from turnrl.grpo_core.loop.rollout_manager import engine_failed
+
+log = logging.getLogger(__name__)
 
 
 def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
@@ -69,10 +77,37 @@ class Episode(Protocol):
 E = TypeVar("E", bound=Episode)
 
 
+async def rerun_engine_failures(
+    episodes: Sequence[E],
+    rerun: Callable[[int], Awaitable[E]],
+    max_retries: int = 2,
+    backoff: float = 1.0,
+) -> tuple[list[E], int]:
+    """``episodes`` with each one its engine failed (``loop.rollout_manager.engine_failed``:
+    an engine error, not the policy's outcome) replaced by ``rerun(index)``, up to
+    ``max_retries`` times, ``backoff`` seconds after each round (the router's circuit
+    breaker meanwhile takes a dead engine out of rotation); returns them, in order, and the
+    number of re-runs. What still fails is left for :func:`evaluation_record` to count."""
+    done, reruns = list(episodes), 0
+    for _ in range(max_retries):
+        failed = [i for i, episode in enumerate(done) if engine_failed(episode)]
+        if not failed:
+            break
+        log.warning(
+            "%d held-out episode(s) failed on their engine; running them again", len(failed)
+        )
+        await asyncio.sleep(backoff)
+        for i, episode in zip(failed, await asyncio.gather(*map(rerun, failed)), strict=True):
+            done[i] = episode
+        reruns += len(failed)
+    return done, reruns
+
+
 def evaluation_record(
     datasets: Mapping[str, Sequence[Sequence[E]]],
     score: Callable[[E], Mapping[str, float]],
     seconds: float,
+    reruns: int = 0,
 ) -> dict[str, Any]:
     """An evaluation's record (JSON): every dataset's items, each run ``trials`` times.
 
@@ -88,7 +123,8 @@ def evaluation_record(
         (over items: an item's trials are correlated), ``datasets`` (each one's ``score`` and
         ``score_se``), ``per_item`` (dataset -> each item's mean, for paired changes),
         ``trials``, ``failed``, ``error``, ``seconds`` and ``metrics`` (pass^k, turns, tool
-        calls, invalid calls, generated tokens and tokens/s, the other numbers of ``score``).
+        calls, invalid calls, generated tokens and tokens/s, ``engine_reruns`` (``reruns``:
+        episodes run again because their engine failed), the other numbers of ``score``).
 
     Raises:
         ValueError: no episodes.
@@ -133,6 +169,7 @@ def evaluation_record(
         invalid_tool_calls=mean([e.num_invalid_tool_calls for e, _ in kept]),
         generated_tokens=generated,
         tokens_per_s=generated / max(seconds, 1e-9),
+        engine_reruns=float(reruns),
     )
     if whole and all(float(s).is_integer() for s in whole):  # 0/1 scores: tau-bench's pass^k
         counts = [int(s) for s in whole]

@@ -4,19 +4,26 @@ Each sync exports the trainer's weights as a Hugging Face folder ``<root>/v<vers
 (safetensors + config + tokenizer, replaced atomically by the exporter), asks every engine
 to ``reload_weights`` from it with that version, then reads the version back from each
 engine to confirm it serves the new weights. Older version folders are removed once no
-engine uses them. The GPU path, vLLM's collective weight transfer in buckets, is
+engine uses them. An engine that cannot be reached at a sync (dead, or silent past its
+client's timeout) leaves the run: the sync goes on with the others and reports it to
+``on_engine_lost`` (the apps' router then stops routing to it, so it can never serve an
+older version); only when no engine is left does the sync fail. The GPU path, vLLM's collective weight transfer in buckets, is
 :class:`~turnrl.grpo_core.weight_sync.collective.CollectiveWeightSync`.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.protocol import EngineUnavailableError
+
+logger = logging.getLogger(__name__)
 
 
 class WeightSyncError(RuntimeError):
@@ -53,9 +60,17 @@ class DiskWeightSync:
         engine_urls: Base URLs of the engines to update.
         root: Folder for the exported versions.
         keep_last: Version folders to keep on disk (the newest ones).
+        on_engine_lost: Awaited with the URL of each engine that could not be reached at a
+            sync (it is no longer synced; see the module).
     """
 
-    def __init__(self, engine_urls: Sequence[str], root: str | Path, keep_last: int = 1) -> None:
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        root: str | Path,
+        keep_last: int = 1,
+        on_engine_lost: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         if not engine_urls:
             raise ValueError("DiskWeightSync needs at least one engine url")
         if keep_last < 1:
@@ -65,12 +80,17 @@ class DiskWeightSync:
         self.keep_last = keep_last
         self.versions: list[int] = []
         """Versions exported so far, oldest first."""
+        self.on_engine_lost = on_engine_lost
+        """Awaited with each engine URL that left the run (see the module)."""
+        self.lost: list[str] = []
+        """Engines that left the run, in the order they were lost."""
 
     async def sync(self, trainer: Any, version: int) -> dict[str, float]:
         """Export ``trainer`` (anything with ``export_hf(folder)``) and reload every engine.
 
         Raises:
-            WeightSyncError: an engine reports another version after the reload.
+            WeightSyncError: an engine reports another version after the reload, or no
+                engine could be reached.
         """
         if self.versions and version <= self.versions[-1]:
             raise ValueError(f"weight versions must increase: {version} after {self.versions[-1]}")
@@ -78,10 +98,31 @@ class DiskWeightSync:
         folder = self.root / f"v{version}"
         trainer.export_hf(folder)
         exported = time.perf_counter()
-        await reload_engines(self.engine_urls, folder, str(version))
+        lost = []
+        for url in self.engine_urls:
+            try:
+                await reload_engines([url], folder, str(version))
+            except EngineUnavailableError as exc:
+                lost.append(url)
+                logger.warning("engine %s left the run at weight version %d: %s", url, version, exc)
+        if len(lost) == len(self.engine_urls):
+            raise WeightSyncError(
+                f"no engine took weight version {version}: all {len(lost)} unreachable "
+                f"({', '.join(lost)}); see the engine logs"
+            )
+        self.engine_urls = [u for u in self.engine_urls if u not in lost]
+        self.lost += lost
+        for url in lost:
+            if self.on_engine_lost is not None:
+                await self.on_engine_lost(url)
         done = time.perf_counter()
         self.versions.append(version)
         for old in self.versions[: -self.keep_last]:
             shutil.rmtree(self.root / f"v{old}", ignore_errors=True)
         self.versions = self.versions[-self.keep_last :]
-        return {"export_s": exported - start, "reload_s": done - exported, "total_s": done - start}
+        return {
+            "export_s": exported - start,
+            "reload_s": done - exported,
+            "total_s": done - start,
+            "engines": float(len(self.engine_urls)),
+        }
