@@ -201,31 +201,46 @@ def _engine_servers(root: int) -> dict[int, int]:
     return servers
 
 
-def _rl_steps_logged(run_dir: Path) -> int:
+def _rl_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """The RL steps' metrics logged so far."""
     path = run_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
-    return sum('"phase": "rl"' in line for line in lines)
+    return [json.loads(x) for x in lines if '"phase": "rl"' in x]
+
+
+def _rejoined(steps: list[dict[str, Any]]) -> bool:
+    """A step synced both engines after one synced only the survivor, and another step ran
+    after it (so the engine that came back served a rollout)."""
+    synced = [step["perf/sync_engines"] for step in steps]
+    return 1.0 in synced and 2.0 in synced[synced.index(1.0) :][:-1]
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_smoke_run_trains_through_a_hung_engine_then_without_a_killed_one(tmp_path: Path) -> None:
-    """Two engines on the Ray runner, three steps. As step 1 starts, the second engine is
-    SIGSTOPped (its whole process group) and resumed 2 read timeouts later: the router sees
-    it fail (``rollout/engine_errors``; requests to it fail after ``--router-read-timeout``,
-    5 s, and go to the other engine) and the step completes. Once step 1 is logged it is
-    SIGKILLed: the sync after step 2 cannot reach it, so it leaves the run (the router stops
-    routing to it, the console says so) and the rest runs on the survivor. Every step trains
-    on whole groups, nothing is scored as failed, and the engines' log-probs equal the
-    trainer's. The app runs under the supervisor (rc 3 on leftovers)."""
+def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
+    tmp_path: Path,
+) -> None:
+    """Two engines on the Ray runner. As step 1 starts, the second engine is SIGSTOPped (its
+    whole process group) and resumed 2 read timeouts later: the router sees it fail
+    (``rollout/engine_errors``; requests to it fail after ``--router-read-timeout``, 5 s,
+    and go to the other engine) and the step completes. Once step 1 is logged it is
+    SIGKILLed: the sync after step 2 cannot reach it, so it leaves the run (the router
+    stops routing to it) and is started again in the background; the run goes on with the
+    survivor, and at the first sync after the engine is healthy it gets the trained weights
+    and rejoins. Then Ctrl-C. Every step trains on whole groups, nothing is scored as
+    failed, and the engines' log-probs equal the trainer's, the restarted engine's
+    included. The app runs under the supervisor, which names leftovers."""
     run_dir, read_timeout = tmp_path / "run", 5.0
     args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
-    args += ["--rollout-max-response-len", "1024", "--num-rollout", "3"]
+    args += ["--rollout-max-response-len", "256", "--num-rollout", "200"]
     args += ["--run-dir", str(run_dir)]
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
         app = subprocess.Popen(
-            [*supervise, sys.executable, str(APP), *args], stdout=out_file, stderr=err_file
+            [*supervise, sys.executable, str(APP), *args],
+            stdout=out_file,
+            stderr=err_file,
+            preexec_fn=ctrl_c_at_default,
         )
         try:
             progress, deadline = run_dir / "progress.json", time.monotonic() + 840
@@ -241,29 +256,38 @@ def test_smoke_run_trains_through_a_hung_engine_then_without_a_killed_one(tmp_pa
             os.killpg(victim, signal.SIGSTOP)
             time.sleep(2 * read_timeout)
             os.killpg(victim, signal.SIGCONT)
-            while time.monotonic() < deadline and app.poll() is None:
-                if _rl_steps_logged(run_dir) >= 1:
-                    break  # step 1 is synced: step 2's rollout runs
-                time.sleep(0.05)
+            while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
+                time.sleep(0.05)  # until step 1 is synced and logged
             os.killpg(victim, signal.SIGKILL)
-            app.wait(timeout=600)
+            while time.monotonic() < deadline and app.poll() is None:
+                if _rejoined(_rl_steps(run_dir)):
+                    break
+                time.sleep(0.5)
+            (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
+            os.kill(tau, signal.SIGINT)
+            app.wait(timeout=300)
         finally:
             if app.poll() is None:
                 app.terminate()
                 app.wait(timeout=60)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 0, out[-3000:] + err[-3000:]
-    lost = f"engine http://127.0.0.1:{port} could not be reached at the weight sync"
-    assert lost in " ".join(out.split()), out[-3000:]  # the console wraps long lines
-    summary = json.loads((run_dir / "summary.json").read_text())
-    history = summary["train_history"]
-    assert summary["runner"] == "ray" and len(history) == 3
+    assert app.returncode == 130, out[-3000:] + err[-3000:]  # Ctrl-C, once it rejoined
+    assert "left running" not in err, err[-3000:]
+    url, said = f"http://127.0.0.1:{port}", " ".join(out.split())  # the console wraps lines
+    assert f"engine {url} could not be reached at the weight sync" in said, out[-3000:]
+    assert f"engine {url}: starting it again (restart 1)" in said
+    assert f"engine {url} is back in the run" in said
+    steps = _rl_steps(run_dir)
+    assert _rejoined(steps), [s["perf/sync_engines"] for s in steps]
     # The router saw the stopped engine fail during step 1 (requests and health checks).
-    assert history[0]["rollout/engine_errors"] >= 1, history[0]
-    # Synced engines after each step: both (the stopped one resumed), then the survivor.
-    assert [step["perf/sync_engines"] for step in history] == [2.0, 1.0, 1.0]
-    assert summary["after"]["failed"] == 0.0  # evaluated on the survivor alone
-    for step in history:
+    assert steps[0]["rollout/engine_errors"] >= 1, steps[0]
+    # Synced engines after each step: both, the survivor from step 2 on, both again.
+    synced = [step["perf/sync_engines"] for step in steps]
+    assert synced[0] == 2.0 and synced[1] == 1.0, synced
+    back = synced.index(2.0, 1)
+    assert set(synced[1:back]) == {1.0} and set(synced[back:]) == {2.0}, synced
+    assert steps[back + 1]["rollout/engine_busy_frac_min"] > 0  # the restarted one served
+    for step in steps:
         assert step["rollout/groups_kept"] == step["rollout/groups_submitted"] == 4, step
         assert step["rollout/failed_frac"] == 0.0 and step["train/skipped"] == 0.0, step
         assert step["train/mismatch_abs_diff"] < 0.01, step  # the engines serve the weights

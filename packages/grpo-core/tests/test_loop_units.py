@@ -226,6 +226,20 @@ async def test_disk_weight_sync_against_loopback_engines(tmp_path: Path) -> None
         assert engines[0].version == "3" and engines[1].version == "2"
         assert (await partial.sync(trainer, 4))["engines"] == 1.0  # not asked again
         assert lost == [dead] and engines[0].version == "4"
+        # Started again (the same engine here), it rejoins at the next sync, once it serves
+        # that version; a rejoining engine that still cannot be reached is lost again.
+        back: list[str] = []
+
+        async def on_back(url: str) -> None:
+            back.append(url)
+
+        partial.on_engine_back = on_back
+        partial.rejoin(engines[1].url)
+        partial.rejoin(dead)
+        assert (await partial.sync(trainer, 5))["engines"] == 2.0
+        assert back == [engines[1].url] and engines[1].version == "5"
+        assert partial.engine_urls == [engines[0].url, engines[1].url]
+        assert lost == [dead, dead] and partial.joining == []
         alone = DiskWeightSync([dead], tmp_path / "c")
         with pytest.raises(WeightSyncError, match=r"no engine took weight version 1: all 1 "):
             await alone.sync(trainer, 1)

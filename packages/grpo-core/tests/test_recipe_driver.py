@@ -116,8 +116,12 @@ class FakeServer:
     def __init__(self, index: int, stopped: list[int]) -> None:
         self.url, self.index, self.stopped = f"http://127.0.0.1:{9000 + index}", index, stopped
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
         self.stopped.append(self.index)
+
+    def start(self) -> FakeServer:
+        self.stopped.append(-self.index)  # a start, logged with the stops (minus its index)
+        return self
 
 
 def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
@@ -134,13 +138,15 @@ def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
 
     monkeypatch.setattr(engines, "start_local_engines", start)
     spec = EngineSpec(model="m", device="cpu")
-    with engine_fleet(spec, tmp_path, num_local=2) as (urls, job):
+    with engine_fleet(spec, tmp_path, num_local=2) as (urls, job, restart):
         assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"] and job is None
         assert stopped == []
-    assert stopped == [0, 1] and asked == [(2, tmp_path)]
+        restart(urls[1])  # what is left of it stopped, then started again where it was
+        assert stopped == [1, -1]
+    assert stopped == [1, -1, 0, 1] and asked == [(2, tmp_path)]
     with pytest.raises(RuntimeError, match="SFT failed"), engine_fleet(spec, tmp_path):
         raise RuntimeError("SFT failed")
-    assert stopped == [0, 1, 0]
+    assert stopped == [1, -1, 0, 1, 0]
 
 
 class FakeLoop:

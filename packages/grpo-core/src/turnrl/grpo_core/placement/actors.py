@@ -283,6 +283,17 @@ class EngineActor:
         )
         return self.url
 
+    def restart(self) -> str:
+        """Start the real server again on its port and devices (after it died or hung):
+        what is left of it is stopped, then it starts as it first did, from the launch
+        model, and this blocks until it is healthy. Returns its URL."""
+        if self.server is None or not hasattr(self.server, "start"):
+            raise RuntimeError(f"engine {self.index} has no real server to restart")
+        self.server.stop(grace=5.0)
+        self.server.start()
+        assert self.url is not None
+        return self.url
+
     def stop(self) -> None:
         """Stop the server (its whole process group for a real one); safe to call twice."""
         server, self.server = self.server, None
@@ -500,6 +511,11 @@ class RayPlacement:
             refs.append(actor.start.remote(launch, plan.accelerator, ids, slot))
         self.engine_urls = _get(ray, refs, "engine servers start")
         return self.engine_urls
+
+    def restart_engine(self, index: int) -> str:
+        """Start engine ``index`` again (:meth:`EngineActor.restart`); blocks until healthy."""
+        ray = require_ray()
+        return str(_get(ray, [self.engines[index].restart.remote()], "engine restart")[0])
 
     def shutdown(self) -> None:
         """Stop engine servers and the process group, kill the actors, free the bundles."""

@@ -480,6 +480,11 @@ class RayGRPORun:
             raise
         return self.engine_urls
 
+    def restart_engine(self, url: str) -> None:
+        """Start the engine serving at ``url`` again, on its node, port and devices; blocks
+        until it is healthy (it serves the launch model until a weight sync reaches it)."""
+        self.placement.restart_engine(self.engine_urls.index(url))
+
     def make_loop(
         self,
         config: LoopConfig,

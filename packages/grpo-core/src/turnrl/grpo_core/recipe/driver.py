@@ -17,7 +17,7 @@ its command line.
 Example::
 
     with open_run("retool", config, resume=resume, console=console) as run:
-        with engine_fleet(spec, run.folder / "logs", placement=placement) as (urls, job):
+        with engine_fleet(spec, run.folder / "logs", placement=placement) as (urls, job, _):
             before = await run.once("before", "evaluation before RL", evaluate)
             stage = RLStage(console, total, on_metrics)
             loop = build_loop(..., on_metrics=stage.on_metrics)
@@ -174,6 +174,8 @@ class Fleet(NamedTuple):
     job: Any
     """The ``RayGRPORun`` that placed them (its trainer ranks not started), or None for
     the local runner's child processes."""
+    restart: Callable[[str], None]
+    """Start the engine serving at a URL again, where it was (blocks until healthy)."""
 
 
 @contextlib.contextmanager
@@ -211,13 +213,19 @@ def engine_fleet(
 
         launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
         with ray_run(placement, launch, torch_threads=torch_threads) as job:
-            yield Fleet(list(job.engine_urls), job)
+            yield Fleet(list(job.engine_urls), job, job.restart_engine)
         return
     from turnrl.grpo_core.recipe.engines import start_local_engines
 
     servers = start_local_engines(spec, num_local, log_dir)
+
+    def restart(url: str) -> None:
+        (server,) = [s for s in servers if s.url == url]
+        server.stop(grace=5.0)
+        server.start()
+
     try:
-        yield Fleet([server.url for server in servers], None)
+        yield Fleet([server.url for server in servers], None, restart)
     finally:
         for server in servers:
             server.stop()
@@ -299,6 +307,7 @@ async def build_rl(
     temperature: float,
     evaluate: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    restart: Callable[[str], None] | None = None,
 ) -> tuple[GRPOLoop, RLStage]:
     """The RL stage of ``run``, ready to ``await stage.run(loop)``: the loop the config's
     ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
@@ -320,6 +329,9 @@ async def build_rl(
         trainer: Every trainer's engine config (``schema.trainer_config``).
         temperature: The rollout temperature (the reference policy's).
         evaluate: The loop's ``--eval-interval`` hook.
+        restart: Starts a lost engine again where it was (``Fleet.restart``); it rejoins
+            the router at the weight sync after it is healthy, at most
+            :data:`MAX_ENGINE_RESTARTS` times per engine. None: lost engines stay out.
     """
     from transformers import AutoTokenizer
 
@@ -365,18 +377,49 @@ async def build_rl(
         engine_busy=router.busy_seconds,
     )
     if isinstance(loop.weight_sync, DiskWeightSync):
-        sync = loop.weight_sync
-
-        async def engine_lost(url: str) -> None:
-            with contextlib.suppress(KeyError):  # the router may have dropped it already
-                await router.remove_engine(url)
-            run.console.print(
-                f"[yellow]engine {url} could not be reached at the weight sync: it is left "
-                f"out of the run ({len(sync.engine_urls)} engine(s) go on; its log says why)"
-            )
-
-        sync.on_engine_lost = engine_lost
+        _heal(run.console, loop.weight_sync, router, restart)
     return loop, stage
+
+
+MAX_ENGINE_RESTARTS = 3
+"""How many times the RL stage starts one lost engine again."""
+
+
+def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], None] | None) -> None:
+    """An engine the disk sync cannot reach leaves the router; with ``restart``, it is
+    started again in the background and rejoins at the sync after it is healthy."""
+    restarts: dict[str, int] = {}
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def start_again(url: str, restart: Callable[[str], None]) -> None:
+        try:
+            await asyncio.to_thread(restart, url)
+        except Exception as exc:  # the engine's own error (its log tail inside)
+            console.print(f"[yellow]engine {url} did not start again: {exc}")
+            return
+        sync.rejoin(url)
+        console.print(f"engine {url} is serving again: it rejoins at the next weight sync")
+
+    async def engine_lost(url: str) -> None:
+        with contextlib.suppress(KeyError):  # the router may have dropped it already
+            await router.remove_engine(url)
+        console.print(
+            f"[yellow]engine {url} could not be reached at the weight sync: it is left out "
+            f"of the run ({len(sync.engine_urls)} engine(s) go on; its log says why)"
+        )
+        if restart is None or restarts.get(url, 0) >= MAX_ENGINE_RESTARTS:
+            return
+        restarts[url] = restarts.get(url, 0) + 1
+        console.print(f"engine {url}: starting it again (restart {restarts[url]})")
+        task = asyncio.create_task(start_again(url, restart))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def engine_back(url: str) -> None:
+        router.add_engine(url)
+        console.print(f"engine {url} is back in the run, serving the trained weights")
+
+    sync.on_engine_lost, sync.on_engine_back = engine_lost, engine_back
 
 
 def run_main(

@@ -24,8 +24,6 @@ from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
-from turnrl.grpo_core.loop.rollout_manager import engine_failed
-
 log = logging.getLogger(__name__)
 
 
@@ -88,6 +86,8 @@ async def rerun_engine_failures(
     ``max_retries`` times, ``backoff`` seconds after each round (the router's circuit
     breaker meanwhile takes a dead engine out of rotation); returns them, in order, and the
     number of re-runs. What still fails is left for :func:`evaluation_record` to count."""
+    from turnrl.grpo_core.loop.rollout_manager import engine_failed  # the loop imports torch
+
     done, reruns = list(episodes), 0
     for _ in range(max_retries):
         failed = [i for i, episode in enumerate(done) if engine_failed(episode)]

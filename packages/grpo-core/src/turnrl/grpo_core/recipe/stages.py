@@ -181,7 +181,7 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
                     policy, sft = sft_stage(run, app, base)
         finally:
             with phases("engine start (rest)"):
-                urls, job = await started
+                urls, job, restart = await started
         trainer = schema.trainer_config(config, policy, **app.sampling) if train else None
         if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
             with phases("trainers start"):
@@ -191,12 +191,18 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
 
             await reload_engines(urls, policy, "0")
         result = StagesResult(policy, urls, sft=sft, runner="ray" if on_ray else "local")
-        await _serve(run, app, result, trainer, job, train)
+        await _serve(run, app, result, trainer, job, train, restart)
     return result
 
 
 async def _serve(
-    run: Run[Any], app: App, result: StagesResult, trainer: Any, job: Any, train: bool
+    run: Run[Any],
+    app: App,
+    result: StagesResult,
+    trainer: Any,
+    job: Any,
+    train: bool,
+    restart: Any,
 ) -> None:
     """Evaluation, RL, evaluation over the running engines (filled into ``result``)."""
     from turnrl.grpo_core.recipe import schema
@@ -248,6 +254,7 @@ async def _serve(
                 temperature=app.sampling["temperature"],
                 evaluate=during_rl,
                 on_step=rollout.on_step,
+                restart=restart,
             )
             if rollout.on_loop is not None:
                 rollout.on_loop(loop)

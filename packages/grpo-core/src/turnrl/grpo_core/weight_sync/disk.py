@@ -7,7 +7,9 @@ engine to confirm it serves the new weights. Older version folders are removed o
 engine uses them. An engine that cannot be reached at a sync (dead, or silent past its
 client's timeout) leaves the run: the sync goes on with the others and reports it to
 ``on_engine_lost`` (the apps' router then stops routing to it, so it can never serve an
-older version); only when no engine is left does the sync fail. The GPU path, vLLM's collective weight transfer in buckets, is
+older version); only when no engine is left does the sync fail. An engine started again
+comes back through :meth:`DiskWeightSync.rejoin`: the next sync reloads it too and, once
+it confirms the version, reports it to ``on_engine_back``. The GPU path, vLLM's collective weight transfer in buckets, is
 :class:`~turnrl.grpo_core.weight_sync.collective.CollectiveWeightSync`.
 """
 
@@ -62,6 +64,8 @@ class DiskWeightSync:
         keep_last: Version folders to keep on disk (the newest ones).
         on_engine_lost: Awaited with the URL of each engine that could not be reached at a
             sync (it is no longer synced; see the module).
+        on_engine_back: Awaited with the URL of each engine that rejoined (:meth:`rejoin`)
+            once it serves the version of a sync.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class DiskWeightSync:
         root: str | Path,
         keep_last: int = 1,
         on_engine_lost: Callable[[str], Awaitable[None]] | None = None,
+        on_engine_back: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         if not engine_urls:
             raise ValueError("DiskWeightSync needs at least one engine url")
@@ -82,8 +87,17 @@ class DiskWeightSync:
         """Versions exported so far, oldest first."""
         self.on_engine_lost = on_engine_lost
         """Awaited with each engine URL that left the run (see the module)."""
+        self.on_engine_back = on_engine_back
+        """Awaited with each engine URL that rejoined the run (see :meth:`rejoin`)."""
         self.lost: list[str] = []
         """Engines that left the run, in the order they were lost."""
+        self.joining: list[str] = []
+        """Engines started again that the next sync brings back (:meth:`rejoin`)."""
+
+    def rejoin(self, url: str) -> None:
+        """Bring an engine that left the run back at the next sync (it was started again)."""
+        if url not in self.engine_urls and url not in self.joining:
+            self.joining.append(url)
 
     async def sync(self, trainer: Any, version: int) -> dict[str, float]:
         """Export ``trainer`` (anything with ``export_hf(folder)``) and reload every engine.
@@ -98,23 +112,31 @@ class DiskWeightSync:
         folder = self.root / f"v{version}"
         trainer.export_hf(folder)
         exported = time.perf_counter()
-        lost = []
-        for url in self.engine_urls:
+        joining, self.joining = self.joining, []
+        lost, back = [], []
+        for url in [*self.engine_urls, *joining]:
             try:
                 await reload_engines([url], folder, str(version))
             except EngineUnavailableError as exc:
                 lost.append(url)
                 logger.warning("engine %s left the run at weight version %d: %s", url, version, exc)
-        if len(lost) == len(self.engine_urls):
+            else:
+                if url in joining:
+                    back.append(url)
+        live = [u for u in self.engine_urls if u not in lost] + back
+        if not live:
             raise WeightSyncError(
                 f"no engine took weight version {version}: all {len(lost)} unreachable "
                 f"({', '.join(lost)}); see the engine logs"
             )
-        self.engine_urls = [u for u in self.engine_urls if u not in lost]
+        self.engine_urls = live
         self.lost += lost
         for url in lost:
             if self.on_engine_lost is not None:
                 await self.on_engine_lost(url)
+        for url in back:
+            if self.on_engine_back is not None:
+                await self.on_engine_back(url)
         done = time.perf_counter()
         self.versions.append(version)
         for old in self.versions[: -self.keep_last]:
