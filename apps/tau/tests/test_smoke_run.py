@@ -118,6 +118,19 @@ def ctrl_c_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _start_app(args: list[str], tmp_path: Path) -> subprocess.Popen[bytes]:
+    """The app under the supervisor, its output in ``tmp_path``'s ``out`` and ``err``, with
+    SIGINT at its default (so a Ctrl-C reaches it)."""
+    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
+    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
+        return subprocess.Popen(
+            [*supervise, sys.executable, str(APP), *args],
+            stdout=out_file,
+            stderr=err_file,
+            preexec_fn=ctrl_c_at_default,
+        )
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -> None:
@@ -130,26 +143,19 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     and an ignored SIGINT is inherited through exec, so a test session started that way
     would start an app that rightly ignores Ctrl-C (what twice made this test fail)."""
     run_dir = tmp_path / "run"
-    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     steps = 8
     args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--num-rollout", str(steps)]
     args += ["--save-interval", "1"]
-    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
-        app = subprocess.Popen(
-            [*supervise, sys.executable, str(APP), *args],
-            stdout=out_file,
-            stderr=err_file,
-            preexec_fn=ctrl_c_at_default,
-        )
-        step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
-        deadline = time.monotonic() + 840
-        while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
-        assert "apps/tau" in cmdline(tau)
-        saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-        os.kill(tau, signal.SIGINT)
-        app.wait(timeout=300)
+    app = _start_app(args, tmp_path)
+    step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
+    deadline = time.monotonic() + 840
+    while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
+    assert "apps/tau" in cmdline(tau)
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    os.kill(tau, signal.SIGINT)
+    app.wait(timeout=300)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert app.returncode == 130, f"SIGINT sent with {saved} saved\n{out[-3000:]}{err[-3000:]}"
     assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
@@ -234,42 +240,35 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
     args += ["--rollout-max-response-len", "256", "--num-rollout", "200"]
     args += ["--run-dir", str(run_dir)]
-    supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
-    with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
-        app = subprocess.Popen(
-            [*supervise, sys.executable, str(APP), *args],
-            stdout=out_file,
-            stderr=err_file,
-            preexec_fn=ctrl_c_at_default,
-        )
-        try:
-            progress, deadline = run_dir / "progress.json", time.monotonic() + 840
-            while time.monotonic() < deadline and app.poll() is None:
-                if progress.is_file() and '"before"' in progress.read_text():
-                    break  # the evaluation before RL is done: step 1's rollout starts
-                time.sleep(0.05)
-            assert app.poll() is None, (tmp_path / "err").read_text()[-3000:]
-            servers = _engine_servers(app.pid)
-            assert len(servers) == 2, servers
-            port = max(servers)
-            victim = os.getpgid(servers[port])
-            os.killpg(victim, signal.SIGSTOP)
-            time.sleep(2 * read_timeout)
-            os.killpg(victim, signal.SIGCONT)
-            while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
-                time.sleep(0.05)  # until step 1 is synced and logged
-            os.killpg(victim, signal.SIGKILL)
-            while time.monotonic() < deadline and app.poll() is None:
-                if _rejoined(_rl_steps(run_dir)):
-                    break
-                time.sleep(0.5)
-            (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
-            os.kill(tau, signal.SIGINT)
-            app.wait(timeout=300)
-        finally:
-            if app.poll() is None:
-                app.terminate()
-                app.wait(timeout=60)
+    app = _start_app(args, tmp_path)
+    try:
+        progress, deadline = run_dir / "progress.json", time.monotonic() + 840
+        while time.monotonic() < deadline and app.poll() is None:
+            if progress.is_file() and '"before"' in progress.read_text():
+                break  # the evaluation before RL is done: step 1's rollout starts
+            time.sleep(0.05)
+        assert app.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        servers = _engine_servers(app.pid)
+        assert len(servers) == 2, servers
+        port = max(servers)
+        victim = os.getpgid(servers[port])
+        os.killpg(victim, signal.SIGSTOP)
+        time.sleep(2 * read_timeout)
+        os.killpg(victim, signal.SIGCONT)
+        while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
+            time.sleep(0.05)  # until step 1 is synced and logged
+        os.killpg(victim, signal.SIGKILL)
+        while time.monotonic() < deadline and app.poll() is None:
+            if _rejoined(_rl_steps(run_dir)):
+                break
+            time.sleep(0.5)
+        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
+        os.kill(tau, signal.SIGINT)
+        app.wait(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.terminate()
+            app.wait(timeout=60)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert app.returncode == 130, out[-3000:] + err[-3000:]  # Ctrl-C, once it rejoined
     assert "left running" not in err, err[-3000:]

@@ -119,7 +119,8 @@ class FakeServer:
     def stop(self, grace: float = 10.0) -> None:
         self.stopped.append(self.index)
 
-    def start(self) -> FakeServer:
+    def restart(self) -> FakeServer:  # EngineServer.restart: stop, then start again
+        self.stop()
         self.stopped.append(-self.index)  # a start, logged with the stops (minus its index)
         return self
 

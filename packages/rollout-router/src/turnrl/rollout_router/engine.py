@@ -422,6 +422,13 @@ class EngineServer:
             return None
         return self.process.stop(grace=grace)
 
+    def restart(self, grace: float = 5.0) -> EngineServer:
+        """Start the server again, on the same port and devices (after it died or hung):
+        what is left of its process group is stopped, then :meth:`start` (blocks until
+        healthy; the log file gets the new run appended)."""
+        self.stop(grace=grace)
+        return self.start()
+
     def kill(self) -> int | None:
         """SIGKILL the engine's process group (no SIGTERM, so no graceful abort of its
         requests): what a crashed engine looks like to clients."""

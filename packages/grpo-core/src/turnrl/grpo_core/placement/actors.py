@@ -287,10 +287,9 @@ class EngineActor:
         """Start the real server again on its port and devices (after it died or hung):
         what is left of it is stopped, then it starts as it first did, from the launch
         model, and this blocks until it is healthy. Returns its URL."""
-        if self.server is None or not hasattr(self.server, "start"):
+        if self.server is None or not hasattr(self.server, "restart"):
             raise RuntimeError(f"engine {self.index} has no real server to restart")
-        self.server.stop(grace=5.0)
-        self.server.start()
+        self.server.restart()
         assert self.url is not None
         return self.url
 

@@ -221,8 +221,7 @@ def engine_fleet(
 
     def restart(url: str) -> None:
         (server,) = [s for s in servers if s.url == url]
-        server.stop(grace=5.0)
-        server.start()
+        server.restart()
 
     try:
         yield Fleet([server.url for server in servers], None, restart)
