@@ -233,12 +233,13 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     SIGKILLed: the sync after step 2 cannot reach it, so it leaves the run (the router
     stops routing to it) and is started again in the background; the run goes on with the
     survivor, and at the first sync after the engine is healthy it gets the trained weights
-    and rejoins (~step 15 of the 40 here, the restart taking about a minute on 2 cores). Every step trains on whole groups, nothing is scored as
+    and rejoins (at step 13-35 of the 60 in the runs so far: the restart takes about a
+    minute on 2 cores, whatever the steps take). Every step trains on whole groups, nothing is scored as
     failed, and the engines' log-probs equal the trainer's, the restarted engine's
     included. The app runs under the supervisor, which names leftovers."""
     run_dir, read_timeout = tmp_path / "run", 5.0
     args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
-    args += ["--rollout-max-response-len", "256", "--num-rollout", "40"]
+    args += ["--rollout-max-response-len", "256", "--num-rollout", "60"]
     args += ["--run-dir", str(run_dir)]
     app = _start_app(args, tmp_path)
     try:
