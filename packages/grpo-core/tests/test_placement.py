@@ -177,3 +177,17 @@ def test_engine_server_that_dies_is_a_clear_error(cluster: Cluster, tmp_path: Pa
     finally:
         placement.shutdown()
     assert placement.pg is None and placement.engines == []
+
+
+def test_shutdown_after_ray_is_gone_starts_no_new_ray(cluster: Cluster) -> None:
+    """Ray shut down under a live placement (as after a Ctrl-C the whole process group got):
+    its shutdown drops what it held instead of a remote call, which would start a new Ray."""
+    placement = RayPlacement(PlacementConfig(accelerator="CPU"), ready_timeout_s=30).start()
+    placement.start_engines(EngineLaunch(server=ThreadedFakeEngine))
+    ray.shutdown()
+    try:
+        placement.shutdown()
+        assert not ray.is_initialized()
+        assert placement.pg is None and placement.engines == [] and placement.engine_urls == []
+    finally:
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)

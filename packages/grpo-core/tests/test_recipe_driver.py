@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +233,76 @@ def test_main_exit_codes_and_hints(capsys: pytest.CaptureFixture[str]) -> None:
         finished.append(True)
 
     assert run_main("demo", lambda default: (default, finishing())) == 0 and finished == [True]
+
+
+@pytest.fixture
+def chained_sigint() -> Iterator[None]:
+    """A SIGINT handler of the app's own that ends in Python's default one, as the
+    supervisor's child-stopping handler does (asyncio then leaves SIGINT alone)."""
+    previous = signal.signal(signal.SIGINT, lambda s, f: signal.default_int_handler(s, f))
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("chained_sigint")
+def test_ctrl_c_cancels_the_run_so_every_exit_runs_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A real SIGINT to this process while tasks of the run are busy: the run is cancelled
+    where it waits, its ``finally`` blocks run inside the run (nested ones innermost first,
+    then a busy side task's), and main says how to resume (130)."""
+
+    exits: list[str] = []
+
+    async def busy() -> None:
+        try:
+            while True:
+                sum(range(20_000))  # the main thread busy in a task, as a rollout is
+                await asyncio.sleep(0)
+        finally:
+            exits.append("side task")
+
+    async def run() -> None:
+        side = asyncio.create_task(busy())
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
+        try:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                exits.append("engines")
+        finally:
+            side.cancel()
+            await asyncio.gather(side, return_exceptions=True)
+            exits.append("ray")
+
+    handler = signal.getsignal(signal.SIGINT)
+    started = time.monotonic()
+    assert run_main("demo", lambda default: ("runs/y", run())) == 130
+    assert time.monotonic() - started < 10
+    assert exits == ["engines", "side task", "ray"]
+    assert "--resume --run-dir runs/y" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is handler  # put back after the run
+
+
+@pytest.mark.usefixtures("chained_sigint")
+def test_a_second_ctrl_c_stops_a_run_that_does_not_end_on_the_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+
+    async def stubborn() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, os.kill, os.getpid(), signal.SIGINT)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            loop.call_later(0.1, os.kill, os.getpid(), signal.SIGINT)
+            await asyncio.sleep(30)  # an exit that hangs
+
+    started = time.monotonic()
+    assert run_main("demo", lambda default: ("runs/z", stubborn())) == 130
+    assert time.monotonic() - started < 10
+    assert "--resume --run-dir runs/z" in capsys.readouterr().err
 
 
 def test_the_driver_imports_no_torch() -> None:

@@ -521,6 +521,10 @@ class RayPlacement:
         ray = require_ray()
         from ray.util.placement_group import remove_placement_group
 
+        if not ray.is_initialized():  # Ray is gone, and its actors with it; a remote call
+            self.engines, self.trainers, self.pg = [], [], None  # would start a new Ray
+            self.engine_urls, self.engine_nodes, self.trainer_nodes = [], [], []
+            return
         calls = [a.stop.remote() for a in self.engines] + [
             a.shutdown.remote() for a in self.trainers
         ]

@@ -31,11 +31,13 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from rich.console import Console
@@ -443,10 +445,44 @@ def run_main(
         if prepared is None:
             return 0
         run_dir, work = prepared
-        asyncio.run(work)
+        if asyncio.run(_cancelled_by_ctrl_c(work)):
+            return interrupted(app, run_dir)
     except (ValueError, FileNotFoundError) as exc:  # bad input found at start: nothing lost
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the engines, sandbox and Ray were stopped on the way out
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the run started
         return interrupted(app, run_dir)
     return 0
+
+
+async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
+    """Await ``work``; a first Ctrl-C cancels it, a second raises KeyboardInterrupt at once.
+
+    Returns:
+        Whether Ctrl-C ended it. Cancelling unwinds the run in order (each ``with`` stops
+        its engines, sandbox or Ray while the others still run); a KeyboardInterrupt raised
+        wherever the main thread happens to be (Python's default) could land inside any
+        task and leave those exits to the interpreter's exit, after Ray had gone.
+    """
+    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    assert main is not None
+    pressed = 0
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal pressed
+        pressed += 1
+        if pressed > 1:
+            raise KeyboardInterrupt
+        loop.call_soon_threadsafe(main.cancel)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not pressed:
+            raise
+        main.uncancel()
+        return True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return False
