@@ -248,9 +248,10 @@ def chained_sigint() -> Iterator[None]:
 def test_ctrl_c_cancels_the_run_so_every_exit_runs_in_order(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A real SIGINT to this process while tasks of the run are busy: the run is cancelled
-    where it waits, its ``finally`` blocks run inside the run (nested ones innermost first,
-    then a busy side task's), and main says how to resume (130)."""
+    """A real SIGINT to this process while tasks of the run are busy (twice at once, as a
+    terminal's Ctrl-C and a wrapper passing it on deliver it): the run is cancelled where it
+    waits, its ``finally`` blocks run inside the run (nested ones innermost first, then a
+    busy side task's), and main says how to resume (130)."""
 
     exits: list[str] = []
 
@@ -266,6 +267,7 @@ def test_ctrl_c_cancels_the_run_so_every_exit_runs_in_order(
         side = asyncio.create_task(busy())
         loop = asyncio.get_running_loop()
         loop.call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
+        loop.call_later(0.21, os.kill, os.getpid(), signal.SIGINT)  # the same Ctrl-C, forwarded
         try:
             try:
                 await asyncio.sleep(30)
@@ -281,7 +283,9 @@ def test_ctrl_c_cancels_the_run_so_every_exit_runs_in_order(
     assert run_main("demo", lambda default: ("runs/y", run())) == 130
     assert time.monotonic() - started < 10
     assert exits == ["engines", "side task", "ray"]
-    assert "--resume --run-dir runs/y" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("Ctrl-C: stopping the run (Ctrl-C again to stop at once)") == 1, err
+    assert "--resume --run-dir runs/y" in err
     assert signal.getsignal(signal.SIGINT) is handler  # put back after the run
 
 
@@ -296,7 +300,7 @@ def test_a_second_ctrl_c_stops_a_run_that_does_not_end_on_the_first(
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
-            loop.call_later(0.1, os.kill, os.getpid(), signal.SIGINT)
+            loop.call_later(1.5, os.kill, os.getpid(), signal.SIGINT)
             await asyncio.sleep(30)  # an exit that hangs
 
     started = time.monotonic()

@@ -455,6 +455,12 @@ def run_main(
     return 0
 
 
+CTRL_C_REPEAT_S = 1.0
+"""A second SIGINT sooner than this after the first is the same Ctrl-C arriving twice (the
+terminal sends it to the whole foreground group, and a wrapper such as the supervisor
+passes it on too); a later one stops the run at once."""
+
+
 async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
     """Await ``work``; a first Ctrl-C cancels it, a second raises KeyboardInterrupt at once.
 
@@ -466,13 +472,16 @@ async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
     """
     loop, main = asyncio.get_running_loop(), asyncio.current_task()
     assert main is not None
-    pressed = 0
+    pressed: list[float] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
-        nonlocal pressed
-        pressed += 1
-        if pressed > 1:
+        now = time.monotonic()
+        if pressed and now - pressed[0] < CTRL_C_REPEAT_S:
+            return
+        pressed.append(now)
+        if len(pressed) > 1:
             raise KeyboardInterrupt
+        print("Ctrl-C: stopping the run (Ctrl-C again to stop at once)", file=sys.stderr)
         loop.call_soon_threadsafe(main.cancel)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
