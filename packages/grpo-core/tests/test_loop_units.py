@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -265,6 +268,56 @@ async def test_disk_weight_sync_refuses_an_unconfirmed_version(tmp_path: Path) -
         assert engine.reloads == [str(tmp_path / "v1")]
     finally:
         await engine.stop()
+
+
+class _SlowReload(_WeightRoutes):
+    """An engine whose reload takes ``seconds`` (a hung one: far longer than any timeout)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.released = asyncio.Event()  # set by stop: no reload outlives the test
+
+    async def _rpc(self, request: web.Request) -> web.Response:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.released.wait(), self.seconds)
+        return await super()._rpc(request)
+
+    async def stop(self) -> None:
+        self.released.set()
+        await super().stop()
+
+
+async def test_disk_weight_sync_reloads_engines_at_once_and_drops_a_hung_one(
+    tmp_path: Path,
+) -> None:
+    """The engines reload together (a sync costs the slowest, not the sum), and one that does
+    not answer its reload within ``reload_timeout`` leaves the run like a dead one."""
+    slow = [await _SlowReload(2.0).start(), await _SlowReload(2.0).start()]
+    hung = await _SlowReload(3600.0).start()
+    lost: list[str] = []
+
+    async def on_lost(url: str) -> None:
+        lost.append(url)
+
+    try:
+        sync = DiskWeightSync([e.url for e in slow], tmp_path / "a")
+        started = time.monotonic()
+        await sync.sync(_Exporter(), 1)
+        assert time.monotonic() - started < 3.5  # one after the other: 4 s
+        assert [e.version for e in slow] == ["1", "1"]
+        urls = [hung.url, slow[0].url]
+        sync = DiskWeightSync(urls, tmp_path / "b", reload_timeout=3.0, on_engine_lost=on_lost)
+        started = time.monotonic()
+        assert (await sync.sync(_Exporter(), 2))["engines"] == 1.0
+        assert time.monotonic() - started < 30  # not the default 600 s
+        assert lost == [hung.url] and sync.engine_urls == [slow[0].url]
+        assert slow[0].version == "2" and hung.version is None
+    finally:
+        for engine in [*slow, hung]:
+            await engine.stop()
+    with pytest.raises(ValueError, match="reload_timeout must be > 0"):
+        DiskWeightSync(["http://127.0.0.1:1"], tmp_path, reload_timeout=0)
 
 
 def test_algorithm_names_what_the_advantages_are() -> None:

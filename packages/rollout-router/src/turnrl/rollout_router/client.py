@@ -533,6 +533,7 @@ class EngineClient:
         weight_version: str | None = None,
         *,
         check_path: bool = True,
+        timeout: float = 600.0,
     ) -> None:
         """Load new weights in place from a safetensors folder, then reset the prefix cache.
 
@@ -541,6 +542,7 @@ class EngineClient:
             weight_version: Recorded by the engine (``/weight_info``, per-token spans).
             check_path: Check the folder here first (a bad path crashes vLLM's engine
                 core); turn off when the engine runs on another machine.
+            timeout: Seconds the load may take; past them :class:`EngineUnavailableError`.
 
         Raises:
             ValueError: the folder does not exist or has no safetensors files.
@@ -550,7 +552,7 @@ class EngineClient:
         if check_path and not (path.is_dir() and any(path.glob("*.safetensors"))):
             raise ValueError(f"{path} is not a folder with *.safetensors weights")
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        await self._call("POST", "/collective_rpc", body, timeout=600.0)
+        await self._call("POST", "/collective_rpc", body, timeout=timeout)
         await self.reset_prefix_cache()
         if weight_version is not None:
             await self.set_weight_version(weight_version)

@@ -378,6 +378,7 @@ async def build_rl(
         engine_busy=router.busy_seconds,
     )
     if isinstance(loop.weight_sync, DiskWeightSync):
+        loop.weight_sync.reload_timeout = run.config.engine.read_timeout  # a hung engine's
         _heal(run.console, loop.weight_sync, router, restart)
     return loop, stage
 

@@ -192,7 +192,8 @@ class EngineConfig:
     """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
     read_timeout: float = 300.0
     """Seconds without a byte from an engine before its request fails: a hung engine's
-    episodes then re-run on another engine [--router-read-timeout]."""
+    episodes then re-run on another engine, and at a weight sync through disk an engine
+    that has not reloaded within them leaves the run [--router-read-timeout]."""
     extra_args: list[str] = field(default_factory=list)
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 

@@ -5,7 +5,7 @@ Each sync exports the trainer's weights as a Hugging Face folder ``<root>/v<vers
 to ``reload_weights`` from it with that version, then reads the version back from each
 engine to confirm it serves the new weights. Older version folders are removed once no
 engine uses them. An engine that cannot be reached at a sync (dead, or silent past its
-client's timeout) leaves the run: the sync goes on with the others and reports it to
+``reload_timeout``) leaves the run: the sync goes on with the others and reports it to
 ``on_engine_lost`` (the apps' router then stops routing to it, so it can never serve an
 older version); only when no engine is left does the sync fail. An engine started again
 comes back through :meth:`DiskWeightSync.rejoin`: the next sync reloads it too and, once
@@ -15,6 +15,7 @@ it confirms the version, reports it to ``on_engine_back``. The GPU path, vLLM's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -40,23 +41,43 @@ class WeightSync(Protocol):
         ...
 
 
-async def reload_engines(urls: Sequence[str], folder: str | Path, version: str) -> None:
-    """Every engine at ``urls`` reloads its weights from ``folder`` as ``version`` and is
-    asked which version it serves.
+RELOAD_TIMEOUT_S = 600.0
+"""How long an engine may take to reload a version before it counts as unreachable."""
+
+
+async def reload_engine(
+    url: str, folder: str | Path, version: str, timeout: float = RELOAD_TIMEOUT_S
+) -> None:
+    """The engine at ``url`` reloads its weights from ``folder`` as ``version`` and is asked
+    which version it serves.
 
     Raises:
-        WeightSyncError: an engine reports another version after the reload.
+        EngineUnavailableError: it could not be reached, or did not answer the reload
+            within ``timeout`` seconds (a hung engine).
+        WeightSyncError: it reports another version after the reload.
     """
-    for url in urls:
-        async with EngineClient(url) as client:
-            await client.reload_weights(folder, weight_version=version)
-            served = await client.weight_version()
-        if served != version:
-            raise WeightSyncError(f"engine {url} serves weight version {served!r}, sent {version}")
+    async with EngineClient(url) as client:
+        await client.reload_weights(folder, weight_version=version, timeout=timeout)
+        served = await client.weight_version()
+    if served != version:
+        raise WeightSyncError(f"engine {url} serves weight version {served!r}, sent {version}")
+
+
+async def reload_engines(
+    urls: Sequence[str], folder: str | Path, version: str, timeout: float = RELOAD_TIMEOUT_S
+) -> None:
+    """:func:`reload_engine` on every engine at ``urls``, all at once; raises the first
+    engine's error once all have answered."""
+    results = await asyncio.gather(
+        *(reload_engine(url, folder, version, timeout) for url in urls), return_exceptions=True
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 class DiskWeightSync:
-    """Export to ``root/v<version>``, reload on every engine, confirm the version.
+    """Export to ``root/v<version>``, reload on every engine at once, confirm the version.
 
     Args:
         engine_urls: Base URLs of the engines to update.
@@ -66,6 +87,8 @@ class DiskWeightSync:
             sync (it is no longer synced; see the module).
         on_engine_back: Awaited with the URL of each engine that rejoined (:meth:`rejoin`)
             once it serves the version of a sync.
+        reload_timeout: Seconds an engine may take to reload a version; past them it is
+            taken as hung and leaves the run like an unreachable one.
     """
 
     def __init__(
@@ -75,11 +98,16 @@ class DiskWeightSync:
         keep_last: int = 1,
         on_engine_lost: Callable[[str], Awaitable[None]] | None = None,
         on_engine_back: Callable[[str], Awaitable[None]] | None = None,
+        reload_timeout: float = RELOAD_TIMEOUT_S,
     ) -> None:
         if not engine_urls:
             raise ValueError("DiskWeightSync needs at least one engine url")
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if reload_timeout <= 0:
+            raise ValueError(f"reload_timeout must be > 0, got {reload_timeout}")
+        self.reload_timeout = reload_timeout
+        """Seconds an engine may take to reload a version (see the arguments)."""
         self.engine_urls = list(engine_urls)
         self.root = Path(root)
         self.keep_last = keep_last
@@ -114,15 +142,21 @@ class DiskWeightSync:
         exported = time.perf_counter()
         joining, self.joining = self.joining, []
         lost, back = [], []
-        for url in [*self.engine_urls, *joining]:
-            try:
-                await reload_engines([url], folder, str(version))
-            except EngineUnavailableError as exc:
+        urls = [*self.engine_urls, *joining]
+        results = await asyncio.gather(  # all engines at once: a sync costs the slowest one
+            *(reload_engine(url, folder, str(version), self.reload_timeout) for url in urls),
+            return_exceptions=True,
+        )
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, EngineUnavailableError):
                 lost.append(url)
-                logger.warning("engine %s left the run at weight version %d: %s", url, version, exc)
-            else:
-                if url in joining:
-                    back.append(url)
+                logger.warning(
+                    "engine %s left the run at weight version %d: %s", url, version, result
+                )
+            elif isinstance(result, BaseException):
+                raise result
+            elif url in joining:
+                back.append(url)
         live = [u for u in self.engine_urls if u not in lost] + back
         if not live:
             raise WeightSyncError(
