@@ -53,6 +53,35 @@ async def test_engines_sleep_through_training_and_wake_around_the_sync(tmp_path:
     assert [engines[0].weight_version, engines[1].weight_version] == ["2", "2"]
 
 
+async def test_a_colocated_engine_that_dies_is_skipped_and_left_out(tmp_path: Path) -> None:
+    """One of two colocated engines killed after step 1's sync: step 2's sleep and wakes
+    skip it, the sync leaves it out, and the run ends with the survivor on version 2."""
+    config = dataclasses.replace(golden.ToyRunConfig(), steps=2)
+    model = build_tiny_model(tmp_path / "tiny", TinyModelConfig(seed=config.model_seed))
+    engines = [await FakeEngine().start() for _ in range(2)]
+    urls = [e.url for e in engines]
+    loop = golden.build_toy_loop(model, config)
+    sync = loop.weight_sync = DiskWeightSync(urls, tmp_path / "sync")
+    loop.engine_sleep = EngineSleep(urls)
+    synced = sync.sync
+
+    async def sync_then_kill(trainer: object, version: int) -> dict[str, float]:
+        metrics = await synced(trainer, version)
+        if version == 1:
+            await engines[1].kill()
+        return metrics
+
+    sync.sync = sync_then_kill  # type: ignore[method-assign]
+    try:
+        history = await loop.run()
+    finally:
+        await engines[0].kill()
+    assert len(history) == 2 and sync.lost == [urls[1]] and sync.engine_urls == [urls[0]]
+    assert [h["perf/sync_engines"] for h in history] == [2.0, 1.0]
+    assert engines[0].weight_version == "2" and not engines[0].sleeping
+    assert [p for p, _ in engines[0].rl_calls].count("/sleep?level=1") == 2
+
+
 def test_bad_sleep_settings_and_the_async_loop_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one engine"):
         EngineSleep([])

