@@ -227,10 +227,11 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     tmp_path: Path,
 ) -> None:
     """Two engines on the Ray runner. As step 1 starts, the second engine is SIGSTOPped (its
-    whole process group) and resumed 2 read timeouts later: the router sees it fail
-    (``rollout/engine_errors``; requests to it fail after ``--router-read-timeout``, 5 s,
-    and go to the other engine) and the step completes. Once step 1 is logged it is
-    SIGKILLed: the sync after step 2 cannot reach it, so it leaves the run (the router
+    whole process group) and resumed 1.5 read timeouts later: the router sees it fail
+    (``rollout/engine_errors``; requests to it fail after ``--router-read-timeout``, 8 s,
+    and go to the other engine) and the step completes; its sync (after that read timeout,
+    each reload bounded by one) reaches the engine running again. Once step 1 is logged it
+    is SIGKILLed: the sync after step 2 cannot reach it, so it leaves the run (the router
     stops routing to it) and is started again in the background; the run goes on with the
     survivor, and at the first sync after the engine is healthy it gets the trained weights
     and rejoins (the restart takes one to several minutes on 2 cores, so the test waits for
@@ -238,7 +239,7 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     failed, and the engines' log-probs equal the trainer's, the restarted engine's
     included. Then Ctrl-C: the run stops (exit 130 and the resume hint) with its engines,
     trainer and Ray, under the supervisor, which names leftovers."""
-    run_dir, read_timeout = tmp_path / "run", 5.0
+    run_dir, read_timeout = tmp_path / "run", 8.0
     args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
     args += ["--rollout-max-response-len", "256", "--num-rollout", "300"]
     args += ["--run-dir", str(run_dir)]
@@ -255,7 +256,7 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
         port = max(servers)
         victim = os.getpgid(servers[port])
         os.killpg(victim, signal.SIGSTOP)
-        time.sleep(2 * read_timeout)
+        time.sleep(1.5 * read_timeout)
         os.killpg(victim, signal.SIGCONT)
         while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
             time.sleep(0.05)  # until step 1 is synced and logged
