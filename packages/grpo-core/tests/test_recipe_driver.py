@@ -290,6 +290,32 @@ def test_ctrl_c_cancels_the_run_so_every_exit_runs_in_order(
 
 
 @pytest.mark.usefixtures("chained_sigint")
+def test_ctrl_c_stops_a_run_busy_in_its_own_code_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGINT while the run's own task computes without awaiting (as SFT does): it stops
+    there, not when the computation ends, and its exits run (130)."""
+    import threading
+
+    exits: list[str] = []
+
+    async def run() -> None:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                sum(range(1000))
+            exits.append("computed")
+        finally:
+            exits.append("engines")
+
+    started = time.monotonic()
+    assert run_main("demo", lambda default: ("runs/b", run())) == 130
+    assert time.monotonic() - started < 10 and exits == ["engines"]
+    assert "--resume --run-dir runs/b" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("chained_sigint")
 def test_a_second_ctrl_c_stops_a_run_that_does_not_end_on_the_first(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -463,13 +463,17 @@ passes it on too); a later one stops the run at once."""
 
 
 async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
-    """Await ``work``; a first Ctrl-C cancels it, a second raises KeyboardInterrupt at once.
+    """Await ``work``; a first Ctrl-C ends it in order, a second raises KeyboardInterrupt.
+
+    The first Ctrl-C must unwind the run itself, so that each ``with`` stops its engines,
+    sandbox or Ray while the others still run. Where the run is busy in code of its own
+    (SFT, a local train step) the KeyboardInterrupt is raised there, as Python does, and
+    goes up through the run. Anywhere else (another task, such as a rollout's, or the event
+    loop between tasks) it would leave the loop with the run's exits not run, to the
+    interpreter's exit after Ray's own; there the run is cancelled instead.
 
     Returns:
-        Whether Ctrl-C ended it. Cancelling unwinds the run in order (each ``with`` stops
-        its engines, sandbox or Ray while the others still run); a KeyboardInterrupt raised
-        wherever the main thread happens to be (Python's default) could land inside any
-        task and leave those exits to the interpreter's exit, after Ray had gone.
+        Whether Ctrl-C ended it.
     """
     loop, main = asyncio.get_running_loop(), asyncio.current_task()
     assert main is not None
@@ -483,6 +487,8 @@ async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
         if len(pressed) > 1:
             raise KeyboardInterrupt
         print("Ctrl-C: stopping the run (Ctrl-C again to stop at once)", file=sys.stderr)
+        if asyncio.current_task(loop) is main:
+            raise KeyboardInterrupt
         loop.call_soon_threadsafe(main.cancel)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -492,6 +498,10 @@ async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
         if not pressed:
             raise
         main.uncancel()
+        return True
+    except KeyboardInterrupt:
+        if len(pressed) != 1:
+            raise
         return True
     finally:
         signal.signal(signal.SIGINT, previous)
