@@ -521,22 +521,19 @@ class RayPlacement:
         ray = require_ray()
         from ray.util.placement_group import remove_placement_group
 
-        if not ray.is_initialized():  # Ray is gone, and its actors with it; a remote call
-            self.engines, self.trainers, self.pg = [], [], None  # would start a new Ray
-            self.engine_urls, self.engine_nodes, self.trainer_nodes = [], [], []
-            return
-        calls = [a.stop.remote() for a in self.engines] + [
-            a.shutdown.remote() for a in self.trainers
-        ]
-        if calls:
-            ray.wait(calls, num_returns=len(calls), timeout=60)
-        for actor in self.engines + self.trainers:
-            ray.kill(actor)
-        self.engines, self.trainers = [], []
+        # With Ray gone its actors went too, and a remote call would start a new Ray.
+        if ray.is_initialized():
+            calls = [a.stop.remote() for a in self.engines] + [
+                a.shutdown.remote() for a in self.trainers
+            ]
+            if calls:
+                ray.wait(calls, num_returns=len(calls), timeout=60)
+            for actor in self.engines + self.trainers:
+                ray.kill(actor)
+            if self.pg is not None:
+                remove_placement_group(self.pg)
+        self.engines, self.trainers, self.pg = [], [], None
         self.engine_urls, self.engine_nodes, self.trainer_nodes = [], [], []
-        if self.pg is not None:
-            remove_placement_group(self.pg)
-            self.pg = None
 
 
 def _get(ray: ModuleType, refs: list[Any], what: str) -> list[Any]:

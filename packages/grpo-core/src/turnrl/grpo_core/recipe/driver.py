@@ -378,7 +378,8 @@ async def build_rl(
         engine_busy=router.busy_seconds,
     )
     if isinstance(loop.weight_sync, DiskWeightSync):
-        loop.weight_sync.reload_timeout = run.config.engine.read_timeout  # a hung engine's
+        # An engine silent past the read timeout at a reload is hung: it leaves the run.
+        loop.weight_sync.reload_timeout = run.config.engine.read_timeout
         _heal(run.console, loop.weight_sync, router, restart)
     return loop, stage
 
