@@ -9,7 +9,10 @@ servers; run children come and go and are counted when caught). Growth is measur
 warm-up point (the first sample after ``--warmup-steps`` RL steps) to the last sample of
 the RL phase. Whether the engine still serves the trainer's weights after every reload is
 read from the steps' ``train/mismatch_abs_diff`` (engine log-probs of the step's rollout
-against the trainer's on the same weights).
+against the trainer's on the same weights), and, after the last step's sync, from a greedy
+probe: the app is stopped (SIGSTOP) while its engine, after all its reloads, answers a fixed
+prompt, then a freshly started engine on the run's final weights (``model/rl``, what the last
+sync loaded) answers the same; tokens and log-probs must be equal.
 
 Usage::
 
@@ -22,8 +25,10 @@ Needs the engine environment (``python -m turnrl.rollout_router.engine_env --dev
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,10 +37,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import cmdline, descendants
+from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.engine import EngineServer, EngineSpec, with_own_cores
+from turnrl.rollout_router.protocol import SamplingParams
 
 APP = Path(__file__).resolve().parents[1] / "apps" / "retool"
 ROLES = ("trainer", "engine", "sandbox")
+PROBE_PROMPT = [(7 * i * i + 3 * i + 11) % 1900 + 60 for i in range(48)]
+"""A fixed prompt of ordinary token ids (the tiny model's vocabulary has 2048)."""
+PROBE = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
 def _usage(pid: int) -> tuple[int, int]:
@@ -79,6 +91,56 @@ def rl_steps(metrics: Path) -> list[dict[str, Any]]:
     return lines
 
 
+async def probe(url: str, idle_within: float = 0.0) -> dict[str, Any]:
+    """The engine at ``url``'s greedy answer to :data:`PROBE_PROMPT`, once it has nothing
+    running (waiting at most ``idle_within`` seconds)."""
+    async with EngineClient(url) as client:
+        deadline = time.monotonic() + idle_within
+        while await client.engine_load() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        busy = await client.engine_load()
+        out = await client.generate(PROBE_PROMPT, PROBE)
+        version = await client.weight_version()
+    return {"tokens": out.token_ids, "logprobs": out.logprobs, "version": version, "busy": busy}
+
+
+def engine_url(app_pid: int) -> str:
+    """The URL of the app's engine (its API server's ``--port``)."""
+    for child in descendants(app_pid):
+        args = cmdline(child).split()
+        if any("vllm" in a for a in args[:3]) and "--port" in args:
+            return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+    raise RuntimeError("the app's engine was not found")
+
+
+def probe_soaked(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """:func:`probe` of the app's engine with the app stopped (SIGSTOP), so nothing else
+    runs on the engine and the app cannot stop it meanwhile."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        return asyncio.run(probe(engine_url(proc.pid), idle_within=60.0))
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def probe_fresh(run_dir: Path) -> dict[str, Any]:
+    """:func:`probe` of a new engine on the run's final weights, launched as the app's
+    (same context length, KV cache, seed and core binding)."""
+    config = json.loads((run_dir / "config.json").read_text())
+    rl, engine = config["rl"], config["engine"]
+    spec = EngineSpec(
+        model=str(run_dir / "model" / "rl"),
+        port=free_port(),
+        served_model_name="policy",
+        max_model_len=engine["max_model_len"]
+        or rl["max_prompt_length"] + rl["max_response_length"],
+        cpu_kvcache_gib=engine["cpu_kvcache_gib"],
+        extra_args=[*engine["extra_args"], "--seed", str(config["seed"])],
+    )
+    with EngineServer(with_own_cores(spec), log_dir=run_dir / "logs") as server:
+        return asyncio.run(probe(server.url))
+
+
 def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """Run the app, sampling as it goes; the samples and the verdict per role."""
     flags = ["--smoke", "--runner", "local", "--num-rollout", str(args.steps)]
@@ -96,11 +158,19 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    soaked = None
+    while proc.poll() is None:
+        if soaked is None and len(rl_steps(run_dir / "metrics.jsonl")) >= args.steps:
+            soaked = probe_soaked(proc)  # the last step is logged after its sync
+        time.sleep(0.2)
     code = proc.wait()
     done.set()
     watcher.join()
     if code:
         raise SystemExit(f"apps/retool exited {code}; run folder {run_dir}")
+    if soaked is None:
+        raise SystemExit("the app ended before its engine could be probed")
+    fresh = probe_fresh(run_dir)
     steps = rl_steps(run_dir / "metrics.jsonl")
     during = [s for s in samples if args.warmup_steps <= s["step"] < len(steps)]
     if len(during) < 2:
@@ -124,6 +194,12 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         "flat": all(v is None or v < 0.10 for g in growth.values() for v in g.values()),
         "mismatch_first_last": [mismatch[0], mismatch[-1]],
         "mismatch_max": max(m for m in mismatch if m is not None),
+        "probe": {"soaked": soaked, "fresh": fresh},
+        "probe_equal": (soaked["tokens"], soaked["logprobs"])
+        == (fresh["tokens"], fresh["logprobs"]),
+        "probe_logprob_max_abs_diff": max(
+            abs(a - b) for a, b in zip(soaked["logprobs"], fresh["logprobs"], strict=False)
+        ),
         "samples": samples,
     }
 
@@ -152,7 +228,13 @@ def main() -> int:
         f"train/mismatch_abs_diff first / last / max: {result['mismatch_first_last']} / "
         f"{result['mismatch_max']:.4f}"
     )
-    return 0 if result["flat"] else 1
+    soaked = result["probe"]["soaked"]
+    print(
+        f"greedy probe after the last sync (weight version {soaked['version']}) vs a fresh "
+        f"engine on the final weights: equal {result['probe_equal']}, log-prob max |diff| "
+        f"{result['probe_logprob_max_abs_diff']:.2e}"
+    )
+    return 0 if result["flat"] and result["probe_equal"] else 1
 
 
 if __name__ == "__main__":
