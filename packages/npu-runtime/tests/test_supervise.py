@@ -495,7 +495,6 @@ _ORPHANS = textwrap.dedent(
     """
     import json, subprocess, sys, time
     from turnrl.npu_runtime import supervise
-from turnrl.npu_runtime.net import free_port
 
     adopted = supervise.adopt_orphans() if sys.argv[1] == "adopt" else False
     # sh starts a daemon and exits at once: the daemon is orphaned
