@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -56,7 +57,13 @@ def engines(
     models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[EngineServer]]:
     logs = tmp_path_factory.mktemp("logs")
-    with cpu_engines(models["a"], logs, max_model_len=32768) as servers:
+    # As the apps place CPU engines (``engine.with_own_cores``): their API servers, where
+    # requests and aborts arrive, on a core of their own (0), both engines' workers on the
+    # other, so an engine busy-polling its worker never starves an API server
+    # (docs/benchmarks/aborts.md: 31 of 100 aborts over 5 s without the split, 0 of 400 with).
+    with cpu_engines(
+        models["a"], logs, cores=(1, 1), api_server_cores="0", max_model_len=32768
+    ) as servers:
         yield servers
 
 
@@ -105,43 +112,30 @@ async def test_sticky_sessions_hold_across_turns(router: Router):
 
 
 async def test_abort_mid_generation_returns_partial_tokens_and_drains(router: Router):
-    # On a starved machine the stream the client reads can lag the engine by thousands of
-    # tokens, so the engine may finish before the abort lands. That race is legal (all
-    # tokens, "length"); the test retries until one abort lands mid-generation. vLLM's API
-    # server can also stop answering for seconds on 2 busy cores (docs/benchmarks/aborts.md:
-    # 4 of 200 aborts over 5 s): a drain past 5 s then closes the stream (the generation
-    # still ends "abort", its tokens kept) and counts as a failed attempt.
+    """Three aborts at a random point of a long stream, one after the other: each ends the
+    engine-side request within 5 s (the router re-sends an abort the engine missed), keeps
+    the tokens generated so far with their log-probs, and leaves the engines idle."""
     long = SamplingParams(temperature=1.0, max_tokens=30_000, ignore_eos=True)
-    outcomes = []
     for attempt in range(3):
         session = f"to-abort-{attempt}"
         task = asyncio.create_task(router.generate([1, 93, 443, 207], long, session))
-        # Mid-generation: wait until tokens are streaming back.
+        # Mid-generation: wait until tokens are streaming back, then a little more.
         while not any(
             sum(e.client.in_flight_tokens(session).values()) > 50 for e in router.engines
         ):
             assert not task.done(), task.result()
             await asyncio.sleep(0.01)
+        await asyncio.sleep(random.uniform(0.0, 1.0))
         start = time.monotonic()
-        try:
-            assert await router.abort(session_id=session, drain_timeout=5.0) == 1
-        except DrainTimeoutError:
-            gen = await asyncio.wait_for(task, 30)
-            assert gen.finish_reason == "abort" and len(gen.logprobs) == len(gen.token_ids)
-            outcomes.append(("drain timeout", len(gen.token_ids)))
-            continue
+        assert await router.abort(session_id=session, drain_timeout=5.0) == 1
         gen = await task
+        assert time.monotonic() - start < 5.0
+        assert gen.finish_reason == "abort" and 50 < len(gen.token_ids) < 30_000
         assert len(gen.logprobs) == len(gen.token_ids)
-        outcomes.append((gen.finish_reason, len(gen.token_ids)))
-        if gen.finish_reason == "abort":
-            break
-        assert (gen.finish_reason, len(gen.token_ids)) == ("length", 30_000), outcomes
-    assert outcomes[-1][0] == "abort", outcomes  # one abort drained within 5 s
-    assert 50 < len(gen.token_ids) < 30_000
-    # The engines' own gauges (refreshed on their stats interval) reach zero within seconds.
-    while [await e.client.engine_load() for e in router.engines] != [0, 0]:
-        assert time.monotonic() - start < 10.0, "engine still reports the aborted request"
-        await asyncio.sleep(0.1)
+        # The engines' own gauges (refreshed on their stats interval) reach zero within seconds.
+        while [await e.client.engine_load() for e in router.engines] != [0, 0]:
+            assert time.monotonic() - start < 10.0, "engine still reports the aborted request"
+            await asyncio.sleep(0.1)
 
 
 async def test_pause_and_resume(router: Router):
@@ -238,10 +232,8 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
                 ) as resp:
                     return (await resp.read()).decode()
 
-            # On 2 busy cores vLLM's API server can stall for seconds (docs/benchmarks/
-            # aborts.md): an abort that does not drain within 5 s (504) is retried on a new
-            # request; one of three must. A wrong engine-side id (cmpl-<id>-0) never drains.
-            outcomes = []
+            # Each abort drains within the router's 5 s (200, else 504), three times. A wrong
+            # engine-side id (cmpl-<id>-0) would never drain.
             for attempt in range(3):
                 task = asyncio.create_task(stream(f"long-{attempt}"))
                 await asyncio.sleep(2.0)
@@ -250,19 +242,9 @@ async def test_http_router_streams_sticks_and_aborts_a_session(engines):
                     url + "/abort_requests", json={"session_id": f"long-{attempt}"}
                 ) as resp:
                     answer = await resp.json()
-                try:
-                    body = await task
-                except aiohttp.ClientError as exc:  # a 504 closes the stream's connection
-                    assert resp.status == 504, exc
-                    body = ""
-                outcomes.append((resp.status, answer, body.count("data:")))
-                if resp.status == 200:
-                    assert answer["aborted"] == 1, answer
-                    assert 0 < body.count("data:") < 30_000
-                    break
-                assert resp.status == 504, answer
-            else:
-                raise AssertionError(f"no abort drained within 5 s in 3 tries: {outcomes}")
+                    assert resp.status == 200 and answer["aborted"] == 1, answer
+                body = await task
+                assert 0 < body.count("data:") < 30_000
     finally:
         await runner.cleanup()
 
