@@ -15,21 +15,18 @@ process the app started (engine, sandbox, their helpers, orphans included) outli
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from turnrl.npu_runtime.net import port_held
 from turnrl.npu_runtime.supervise import cmdline, descendants
 
 APP = Path(__file__).resolve().parents[1]
@@ -38,36 +35,6 @@ APP = Path(__file__).resolve().parents[1]
 def _sandbox_servers(root: int) -> list[int]:
     """The sandbox servers below ``root`` (the app's, started by it)."""
     return [p for p in descendants(root) if "turnrl.tool_envs.sandbox.cli serve" in cmdline(p)]
-
-
-@contextlib.contextmanager
-def _port_held(port: int) -> Iterator[None]:
-    """Take ``port`` (once the process that had it is gone) while the block runs, closing
-    every connection to it at once (clients see a connection error, as from a dead server);
-    a server started on it meanwhile cannot bind it."""
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT sockets
-    for _ in range(100):
-        try:
-            holder.bind(("127.0.0.1", port))
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        raise AssertionError(f"port {port} stayed taken")
-    holder.listen(64)
-
-    def refuse() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                holder.accept()[0].close()
-
-    threading.Thread(target=refuse, daemon=True).start()
-    try:
-        yield
-    finally:
-        holder.shutdown(socket.SHUT_RDWR)
-        holder.close()
 
 
 def _answers(url: str, deadline: float) -> bool:
@@ -93,7 +60,7 @@ def _sandbox_down_for_step_1(app: subprocess.Popen[bytes], metrics: Path, deadli
     args = cmdline(server).split()
     port = int(args[args.index("--port") + 1])
     os.killpg(server, signal.SIGKILL)
-    with _port_held(port):
+    with port_held(port):
         while not _logged(metrics, "rl", 1) and app.poll() is None:
             assert time.monotonic() < deadline, "GRPO step 1 did not end"
             time.sleep(0.1)

@@ -3,18 +3,15 @@ a new one, later runs are served, and nothing of the dead one is left (real proc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from turnrl.npu_runtime.net import port_held
 from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox, sandbox_processes
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux only")
@@ -25,36 +22,6 @@ def _post(url, body):
     start = time.monotonic()
     answer = requests.post(f"{url}/run_code", json=body, timeout=60)
     return answer.status_code, answer.json(), time.monotonic() - start
-
-
-@contextlib.contextmanager
-def _port_held(port: int) -> Iterator[None]:
-    """Take ``port`` (once the process that had it is gone) while the block runs, closing
-    every connection to it at once (clients see a connection error, as from a dead server);
-    a server started on it meanwhile cannot bind it."""
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT sockets
-    for _ in range(100):
-        try:
-            holder.bind(("127.0.0.1", port))
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        raise AssertionError(f"port {port} stayed taken")
-    holder.listen(64)
-
-    def refuse() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                holder.accept()[0].close()
-
-    threading.Thread(target=refuse, daemon=True).start()
-    try:
-        yield
-    finally:
-        holder.shutdown(socket.SHUT_RDWR)
-        holder.close()
 
 
 def test_killed_fork_server_is_restarted_and_its_runs_fail_fast():
@@ -123,7 +90,7 @@ def test_a_server_that_cannot_start_again_at_once_is_retried_until_it_can(capfd)
         assert first is not None
         assert _post(server.url, {"code": "print(1)", "language": "python"})[0] == 200
         os.killpg(first.pid, signal.SIGKILL)
-        with _port_held(server.port):
+        with port_held(server.port):
             deadline = time.monotonic() + 30
             while "retrying in" not in capfd.readouterr().err:
                 assert time.monotonic() < deadline, "no failed restart was retried"
