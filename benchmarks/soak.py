@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -37,10 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from turnrl_app_retool.config import RetoolAppConfig
+from turnrl_app_retool.stages import engine_spec
+
+from turnrl.grpo_core.observe.report import read_metrics
+from turnrl.grpo_core.recipe.run_folder import config_from_dict, read_run_config
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import cmdline, descendants
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, EngineSpec, with_own_cores
+from turnrl.rollout_router.engine import EngineServer, with_own_cores
 from turnrl.rollout_router.protocol import SamplingParams
 
 APP = Path(__file__).resolve().parents[1] / "apps" / "retool"
@@ -76,19 +82,9 @@ def sample(app_pid: int) -> dict[str, dict[str, int]]:
     return out
 
 
-def rl_steps(metrics: Path) -> list[dict[str, Any]]:
-    """The RL step lines of ``metrics.jsonl`` so far."""
-    if not metrics.is_file():
-        return []
-    lines = []
-    for text in metrics.read_text().splitlines():
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:  # a line being written
-            continue
-        if line.get("phase") == "rl":
-            lines.append(line)
-    return lines
+def rl_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """The RL step lines of the run's ``metrics.jsonl`` so far."""
+    return [x for x in read_metrics(run_dir) if x.get("phase") == "rl"]
 
 
 async def probe(url: str, idle_within: float = 0.0) -> dict[str, Any]:
@@ -124,19 +120,10 @@ def probe_soaked(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
 
 
 def probe_fresh(run_dir: Path) -> dict[str, Any]:
-    """:func:`probe` of a new engine on the run's final weights, launched as the app's
-    (same context length, KV cache, seed and core binding)."""
-    config = json.loads((run_dir / "config.json").read_text())
-    rl, engine = config["rl"], config["engine"]
-    spec = EngineSpec(
-        model=str(run_dir / "model" / "rl"),
-        port=free_port(),
-        served_model_name="policy",
-        max_model_len=engine["max_model_len"]
-        or rl["max_prompt_length"] + rl["max_response_length"],
-        cpu_kvcache_gib=engine["cpu_kvcache_gib"],
-        extra_args=[*engine["extra_args"], "--seed", str(config["seed"])],
-    )
+    """:func:`probe` of a new engine on the run's final weights, launched as the app launches
+    its own (from the run's config, on a core of its own)."""
+    config = config_from_dict(RetoolAppConfig, read_run_config(run_dir))
+    spec = dataclasses.replace(engine_spec(config, run_dir / "model" / "rl"), port=free_port())
     with EngineServer(with_own_cores(spec), log_dir=run_dir / "logs") as server:
         return asyncio.run(probe(server.url))
 
@@ -152,7 +139,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
     def watch() -> None:
         while not done.wait(args.every):
-            steps = len(rl_steps(run_dir / "metrics.jsonl"))
+            steps = len(rl_steps(run_dir))
             samples.append({"t": time.perf_counter() - start, "step": steps, **sample(proc.pid)})
             print(f"soak: {samples[-1]}", file=sys.stderr, flush=True)
 
@@ -160,7 +147,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     watcher.start()
     soaked = None
     while proc.poll() is None:
-        if soaked is None and len(rl_steps(run_dir / "metrics.jsonl")) >= args.steps:
+        if soaked is None and len(rl_steps(run_dir)) >= args.steps:
             soaked = probe_soaked(proc)  # the last step is logged after its sync
         time.sleep(0.2)
     code = proc.wait()
@@ -171,7 +158,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     if soaked is None:
         raise SystemExit("the app ended before its engine could be probed")
     fresh = probe_fresh(run_dir)
-    steps = rl_steps(run_dir / "metrics.jsonl")
+    steps = rl_steps(run_dir)
     during = [s for s in samples if args.warmup_steps <= s["step"] < len(steps)]
     if len(during) < 2:
         raise SystemExit(f"too few samples after warm-up ({len(during)}): more --steps")

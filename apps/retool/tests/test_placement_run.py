@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.grpo_core.observe.report import read_metrics
+
 APP = Path(__file__).resolve().parents[1]
 
 
@@ -41,5 +43,5 @@ def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
         assert step["perf/sleep_s"] > 0 and step["perf/wake_s"] > 0  # asleep while training
     assert (run_dir / "model" / "rl" / "config.json").is_file()
     # --eval-interval 1: validation before RL, after step 1, and after RL (step 2)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     assert [x["step"] for x in lines if x["phase"] == "val"] == [0, 1, 2]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.grpo_core.observe.report import read_metrics
 from turnrl.npu_runtime.net import port_held
 from turnrl.npu_runtime.supervise import cmdline, descendants
 
@@ -68,17 +69,8 @@ def _sandbox_down_for_step_1(app: subprocess.Popen[bytes], metrics: Path, deadli
 
 
 def _logged(metrics: Path, phase: str, step: int) -> bool:
-    """Whether ``metrics.jsonl`` has the line of ``phase``'s ``step`` (a line being written is
-    skipped)."""
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    for text in lines:
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:
-            continue
-        if line.get("phase") == phase and line.get("step") == step:
-            return True
-    return False
+    """Whether ``metrics.jsonl`` has the line of ``phase``'s ``step``."""
+    return any(x.get("phase") == phase and x["step"] == step for x in read_metrics(metrics))
 
 
 @pytest.mark.vllm
@@ -124,7 +116,7 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     assert "interrupted; continue with: uv run apps/retool --resume" in err
     assert "left running" not in err, err[-3000:]
     assert not (run_dir / "summary.json").exists()
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     first_run_lines = len(lines)
     first_rl = [x for x in lines if x["phase"] == "rl"]
     assert [x["step"] for x in first_rl][:2] == [1, 2]
@@ -167,7 +159,7 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     assert summary["score_name"] == "accuracy mean@2"
     delta = summary["score_after"] - summary["score_before"]
     assert summary["score_delta"] == pytest.approx(delta)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     # Each step is logged once (a step is logged before its checkpoint is saved).
     assert [x["step"] for x in lines if x["phase"] == "rl"] == [1, 2, 3]
     added = lines[first_run_lines:]  # no SFT, no evaluation before RL again

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from turnrl.grpo_core.observe.report import read_metrics
 from turnrl.npu_runtime.supervise import cmdline, descendants
 
 APP = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def test_smoke_run_end_to_end(smoke_run: tuple[Path, str, dict[str, Any]]) -> No
     # --eval-interval 1: step 1 is evaluated within the loop; the last step by "eval after RL".
     history = summary["train_history"]
     assert summary["phases_s"]["eval during RL"] > 0
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     val = [x for x in lines if x["phase"] == "val"]
     assert [x["step"] for x in val] == [0, 1, 2]
     assert all(0.0 <= x["val-core/tau/acc/mean@4"] <= 1.0 for x in val)  # smoke: 4 trials
@@ -174,7 +175,7 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     assert len(history) == steps
     assert all(step["perf/sync_total_s"] > 0 for step in history)
     assert all(step["train/mismatch_abs_diff"] < 0.01 for step in history), history
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     logged = [x["step"] for x in lines if "rollout/reward_mean" in x]
     assert logged == list(range(1, steps + 1))  # each once
 
@@ -209,9 +210,7 @@ def _engine_servers(root: int) -> dict[int, int]:
 
 def _rl_steps(run_dir: Path) -> list[dict[str, Any]]:
     """The RL steps' metrics logged so far."""
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [json.loads(x) for x in lines if '"phase": "rl"' in x]
+    return [x for x in read_metrics(run_dir) if x.get("phase") == "rl"]
 
 
 def _rejoined(steps: list[dict[str, Any]]) -> bool:

@@ -14,7 +14,13 @@ import pytest
 from matplotlib.image import imread
 
 from turnrl.grpo_core.observe.logger import StepLogger
-from turnrl.grpo_core.observe.report import load_scalars, main, render_curves, select_tags
+from turnrl.grpo_core.observe.report import (
+    load_scalars,
+    main,
+    read_metrics,
+    render_curves,
+    select_tags,
+)
 
 STEPS = 6
 
@@ -127,6 +133,21 @@ def test_corrupt_jsonl_names_the_line(tmp_path: Path, bad_line: str, match: str)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n' + bad_line + "\n")
     with pytest.raises(ValueError, match=match):
         load_scalars(tmp_path)
+
+
+def test_a_line_being_written_is_left_out_of_a_live_run(tmp_path: Path) -> None:
+    """A run still writing: its last line is cut (mid-JSON, even mid-character) until its
+    newline lands; the lines before it are read, by the reader and by the curves."""
+    path = tmp_path / "metrics.jsonl"
+    assert read_metrics(tmp_path) == []
+    whole = '{"step": 1, "phase": "rl", "train/loss": 1.0}\n'
+    cut = '{"step": 2, "phase": "rl", "note": "é", "train/loss": 0.5}'.encode()
+    path.write_bytes(whole.encode() + cut[: cut.index("é".encode()) + 1])
+    assert read_metrics(path) == [{"step": 1, "phase": "rl", "train/loss": 1.0}]
+    assert load_scalars(tmp_path) == {"train/loss": [(1, 1.0)]}
+    path.write_bytes(whole.encode() + cut + b"\n")
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert load_scalars(tmp_path) == {"train/loss": [(1, 1.0), (2, 0.5)]}
 
 
 def test_out_dir_is_a_file(run_dir: Path, tmp_path: Path) -> None:

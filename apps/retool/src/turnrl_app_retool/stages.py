@@ -39,6 +39,13 @@ def sampling(config: RetoolAppConfig) -> dict[str, float]:
     return {"temperature": config.rl.temperature, "top_p": config.rl.top_p}
 
 
+def engine_spec(config: RetoolAppConfig, model: Path) -> EngineSpec:
+    """An engine of the run serving ``model`` (its port chosen where it starts)."""
+    length = config.rl.max_prompt_length + config.rl.max_response_length
+    spec: EngineSpec = schema.engine_spec(config, model, length, ["--seed", str(config.seed)])
+    return spec
+
+
 class RetoolStages:
     """The ReTool app's part of a run (``recipe.stages.App``)."""
 
@@ -54,12 +61,7 @@ class RetoolStages:
         return SFTData(self.datasets.sft_chats, self.datasets.probe_chats, tools)
 
     def engine_spec(self, model: Path) -> EngineSpec:
-        rl = self.config.rl
-        length = rl.max_prompt_length + rl.max_response_length
-        spec: EngineSpec = schema.engine_spec(
-            self.config, model, length, ["--seed", str(self.config.seed)]
-        )
-        return spec
+        return engine_spec(self.config, model)
 
     @contextlib.asynccontextmanager
     async def serving(self, policy: Path, urls: list[str], router: Any) -> AsyncIterator[Any]:

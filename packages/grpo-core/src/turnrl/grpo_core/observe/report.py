@@ -4,7 +4,8 @@ A run folder holds what :class:`~turnrl.grpo_core.observe.logger.StepLogger` wro
 ``metrics.jsonl`` (one JSON object per step: ``{"step": 3, "time": ..., "rollout/reward_mean":
 0.5, ...}``) and TensorBoard event files. :func:`load_scalars` reads ``metrics.jsonl`` when it
 has scalars and otherwise every ``events.out.tfevents.*`` file below the folder (so runs
-logged by TensorBoard alone, e.g. by verl, work too). :func:`render_curves` draws one figure
+logged by TensorBoard alone, e.g. by verl, work too); :func:`read_metrics` reads the lines of a
+``metrics.jsonl`` as they are, also from a run still writing it. :func:`render_curves` draws one figure
 per metric group, the part of the name before the first ``/`` (``rollout``, ``train``,
 ``perf``, ``val-core``, ...), one panel per metric, with matplotlib's Agg renderer (no
 display needed). When a step was logged twice (a resumed run) the later value wins.
@@ -72,27 +73,55 @@ def load_scalars(run_dir: Path) -> Scalars:
     return scalars
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` written so far, also while its run is still writing.
+
+    A last line without its newline is one being written (or cut off by a crash) and is left
+    out, so the file can be polled during a run.
+
+    Args:
+        path: The ``metrics.jsonl`` file, or the run folder holding it.
+
+    Returns:
+        One dict per complete line (blank lines skipped); ``[]`` if there is no file yet.
+
+    Raises:
+        ValueError: a complete line is not a JSON object with an int ``step`` (the message
+            names the line).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    records = []
+    for lineno, raw in enumerate(data[: data.rfind(b"\n") + 1].split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
+            raise ValueError(f"{path}, line {lineno}: corrupt JSON ({reason})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {lineno}: expected a JSON object")
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"{path}, line {lineno}: 'step' must be an int, got {step!r}")
+        records.append(record)
+    return records
+
+
 def _load_jsonl(path: Path) -> Scalars:
     by_tag: dict[str, dict[int, float]] = {}
-    with path.open(encoding="utf-8") as lines:
-        for lineno, raw in enumerate(lines, start=1):
-            if not raw.strip():
+    for record in read_metrics(path):
+        for key, value in record.items():
+            # Strings (e.g. a "phase" field), booleans and nulls are not curves.
+            if key in _NOT_METRICS or isinstance(value, bool):
                 continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {lineno}: corrupt JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}, line {lineno}: expected a JSON object")
-            step = record.get("step")
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise ValueError(f"{path}, line {lineno}: 'step' must be an int, got {step!r}")
-            for key, value in record.items():
-                # Strings (e.g. a "phase" field), booleans and nulls are not curves.
-                if key in _NOT_METRICS or isinstance(value, bool):
-                    continue
-                if isinstance(value, int | float):
-                    by_tag.setdefault(key, {})[step] = float(value)
+            if isinstance(value, int | float):
+                by_tag.setdefault(key, {})[record["step"]] = float(value)
     return _sorted(by_tag)
 
 
