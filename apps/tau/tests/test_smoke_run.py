@@ -182,6 +182,32 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_ctrl_c_while_the_engine_starts_stops_it_there(tmp_path: Path) -> None:
+    """One SIGINT while the engine started beside SFT is still loading (SFT of 2,000 steps
+    training, or stopped by its probe and waiting for it): the engine is stopped where it
+    is instead of being waited for until it serves; the app exits 130 with the resume hint
+    and leaves nothing running."""
+    run_dir = tmp_path / "run"
+    args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--sft-steps", "2000"]
+    app = _start_app(args, tmp_path)
+    deadline = time.monotonic() + 300
+    while not _engine_servers(app.pid):
+        assert app.poll() is None and time.monotonic() < deadline, "no engine started"
+        time.sleep(0.2)
+    (tau,) = descendants(app.pid)[:1]
+    os.kill(tau, signal.SIGINT)
+    app.wait(timeout=120)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
+    assert "left running" not in err, err[-3000:]
+    (log,) = (run_dir / "logs").glob("engine-*.log")
+    assert "vllm" in log.read_text()  # it was loading
+    assert "Application startup complete" not in log.read_text()  # and never served
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_async_smoke_run_on_the_ray_runner(tmp_path: Path) -> None:
     """--async: AsyncGRPOLoop on the Ray runner (staleness bound 1) trains every step; the
     steps' samples are at most one weight version old, and each sync still reaches the

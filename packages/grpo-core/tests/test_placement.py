@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from turnrl.grpo_core.training.torch_engine import (  # noqa: E402
     TorchEngine,
     TorchEngineConfig,
 )
+from turnrl.npu_runtime.supervise import StartCancelled  # noqa: E402
 from turnrl.rollout_router.client import EngineClient  # noqa: E402
 from turnrl.rollout_router.engine import EngineSpec  # noqa: E402
 from turnrl.rollout_router.protocol import SamplingParams  # noqa: E402
@@ -177,6 +179,49 @@ def test_engine_server_that_dies_is_a_clear_error(cluster: Cluster, tmp_path: Pa
     finally:
         placement.shutdown()
     assert placement.pg is None and placement.engines == []
+
+
+def test_engines_still_starting_are_stopped_when_cancelled(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A real EngineServer launch that never serves (a stand-in "python" that sleeps; no vLLM
+    needed): ``cancel`` (a run whose SFT was interrupted meanwhile) ends the wait at once,
+    the busy engine actor is killed without waiting for it, and the guard of its process
+    group stops the stand-in."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec sleep 1234\n")
+    python.chmod(0o755)
+    spec = EngineSpec(model="m", python=str(python), health_timeout=300)
+    placement = RayPlacement(PlacementConfig(accelerator="CPU"), ready_timeout_s=30).start()
+    cancel = threading.Event()
+    try:
+        threading.Timer(3.0, cancel.set).start()
+        start = time.monotonic()
+        with pytest.raises(StartCancelled, match="engine servers start"):
+            placement.start_engines(EngineLaunch(spec=spec, log_dir=str(tmp_path)), cancel)
+        placement.shutdown(grace_s=0)
+        assert time.monotonic() - start < 60  # not the 300 s health bound
+    finally:
+        placement.shutdown()
+    assert placement.pg is None and placement.engines == []
+    deadline = time.monotonic() + 30
+    while _sleepers("1234"):
+        assert time.monotonic() < deadline, "the engine stand-in outlived its killed actor"
+        time.sleep(0.5)
+
+
+def _sleepers(marker: str) -> list[int]:
+    """Processes running ``sleep <marker>``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args[:2] == [b"sleep", marker.encode()]:
+                found.append(int(entry.name))
+    return found
 
 
 def test_shutdown_after_ray_is_gone_starts_no_new_ray(cluster: Cluster) -> None:

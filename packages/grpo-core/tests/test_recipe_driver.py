@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from rich.console import Console
 
 from turnrl.grpo_core.recipe import driver
 from turnrl.grpo_core.recipe.driver import RLStage, engine_fleet, open_run, run_main
+from turnrl.npu_runtime import supervise
+from turnrl.npu_runtime.supervise import StartCancelled
 from turnrl.rollout_router.engine import EngineSpec
 
 
@@ -137,7 +140,7 @@ def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
     stopped: list[int] = []
     asked: list[tuple[int, Path]] = []
 
-    def start(spec: EngineSpec, count: int, log_dir: Path) -> list[FakeServer]:
+    def start(spec: EngineSpec, count: int, log_dir: Path, cancel: Any = None) -> list[FakeServer]:
         asked.append((count, log_dir))
         return [FakeServer(i, stopped) for i in range(count)]
 
@@ -152,6 +155,23 @@ def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
     with pytest.raises(RuntimeError, match="SFT failed"), engine_fleet(spec, tmp_path):
         raise RuntimeError("SFT failed")
     assert stopped == [1, -1, 0, 1, 0]
+
+
+def test_engines_still_starting_are_stopped_when_cancelled(tmp_path: Path) -> None:
+    """The local runner's engine start waits for health; ``cancel`` (set by a run whose SFT
+    was interrupted meanwhile) ends it at once and stops the process, which here is a
+    stand-in "python" that never serves (no vLLM needed)."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec sleep 120\n")
+    python.chmod(0o755)
+    spec = EngineSpec(model="m", device="cpu", python=str(python), health_timeout=120)
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    start = time.monotonic()
+    with pytest.raises(StartCancelled), engine_fleet(spec, tmp_path, cancel=cancel):
+        pass
+    assert time.monotonic() - start < 30  # not the 120 s health bound
+    assert supervise.running_processes() == []  # the stand-in was stopped
 
 
 class FakeLoop:

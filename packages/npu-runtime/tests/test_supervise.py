@@ -20,6 +20,7 @@ from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import (
     HealthTimeoutError,
     ProcessDiedError,
+    StartCancelled,
     start_process,
     stop_all,
 )
@@ -79,6 +80,29 @@ def test_health_timeout_keeps_child_and_reports_log(scripts, tmp_path, port, gon
         assert "server starting" in info.value.log_tail
         assert isinstance(info.value, TimeoutError)  # callers may catch the builtin
         assert proc.alive  # a timeout does not kill; the caller decides
+    finally:
+        proc.stop(grace=2)
+    assert gone(proc.pid, timeout=0)
+
+
+def test_a_wait_for_health_is_cancelled_from_another_thread(scripts, tmp_path, port, gone):
+    """A server that needs 60 s to come up: setting ``cancel`` (as a run does on Ctrl-C
+    while its engines start) ends the wait at once, leaving the child to the caller."""
+    proc = start_process(
+        [sys.executable, str(scripts["health_server"]), str(port), "60"],
+        name="slow-server",
+        log_path=tmp_path / "slow.log",
+    )
+    cancel = threading.Event()
+    try:
+        threading.Timer(0.5, cancel.set).start()
+        start = time.monotonic()
+        with pytest.raises(StartCancelled, match="slow-server"):
+            proc.wait_healthy(
+                f"http://127.0.0.1:{port}/health", timeout=60, interval=0.5, cancel=cancel
+            )
+        assert time.monotonic() - start < 10  # not the 60 s the server needs
+        assert proc.alive
     finally:
         proc.stop(grace=2)
     assert gone(proc.pid, timeout=0)

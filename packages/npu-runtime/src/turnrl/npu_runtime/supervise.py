@@ -55,6 +55,7 @@ __all__ = [
     "HealthTimeoutError",
     "ManagedProcess",
     "ProcessDiedError",
+    "StartCancelled",
     "SupervisionError",
     "adopt_orphans",
     "descendants",
@@ -106,6 +107,11 @@ class ProcessDiedError(SupervisionError):
             f"process {name!r} (pid {pid}) exited with code {returncode} before it became "
             f"healthy; last lines of {log_path}:\n{log_tail}"
         )
+
+
+class StartCancelled(SupervisionError):
+    """Waiting for the child to become healthy was given up on: the ``cancel`` event handed
+    to :meth:`ManagedProcess.wait_healthy` was set (the child is still running)."""
 
 
 class HealthTimeoutError(SupervisionError, TimeoutError):
@@ -272,19 +278,27 @@ class ManagedProcess:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval}")
 
-    def wait_healthy(self, url: str, timeout: float, interval: float = 0.5) -> None:
+    def wait_healthy(
+        self,
+        url: str,
+        timeout: float,
+        interval: float = 0.5,
+        cancel: threading.Event | None = None,
+    ) -> None:
         """Poll ``url`` with HTTP GET until it answers 200.
 
         Args:
             url: The health endpoint, e.g. ``http://127.0.0.1:8000/health``.
             timeout: Seconds to wait in total.
             interval: Seconds between attempts.
+            cancel: Set from another thread to stop waiting (checked between attempts).
 
         Raises:
             ProcessDiedError: The child exited meanwhile (message has its exit code and
                 last log lines).
             HealthTimeoutError: No HTTP 200 within ``timeout`` (the child keeps running;
                 stop it if you give up on it).
+            StartCancelled: ``cancel`` was set (the child keeps running).
             ValueError: ``url`` is not an http(s) URL, or ``timeout`` or ``interval`` is
                 not positive.
         """
@@ -300,7 +314,11 @@ class ManagedProcess:
             if healthy:
                 return
             self._check_alive()
-            time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+            pause = max(0.0, min(interval, deadline - time.monotonic()))
+            if cancel is None:
+                time.sleep(pause)
+            elif cancel.wait(pause):
+                raise StartCancelled(f"stopped waiting for {self.name!r} to answer {url}")
 
     async def wait_healthy_async(self, url: str, timeout: float, interval: float = 0.5) -> None:
         """Like :meth:`wait_healthy`, without blocking the event loop.

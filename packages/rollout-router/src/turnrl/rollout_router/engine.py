@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -367,17 +368,20 @@ class EngineServer:
         )
         return self.process
 
-    def start(self) -> EngineServer:
-        """Launch and block until healthy.
+    def start(self, cancel: threading.Event | None = None) -> EngineServer:
+        """Launch and block until healthy, or until ``cancel`` is set (from another thread).
 
         Raises:
             turnrl.npu_runtime.supervise.ProcessDiedError: the server exited (log tail inside).
             turnrl.npu_runtime.supervise.HealthTimeoutError: not healthy in time (it is stopped).
+            turnrl.npu_runtime.supervise.StartCancelled: ``cancel`` was set (it is stopped).
             EngineLogprobsError: the engine cannot report the sampled distribution's log-probs.
         """
         proc = self._launch()
         try:
-            proc.wait_healthy(f"{self.url}/health", timeout=health_timeout(self.spec))
+            proc.wait_healthy(
+                f"{self.url}/health", timeout=health_timeout(self.spec), cancel=cancel
+            )
             check_logprobs_mode(self.spec, served_logprobs_mode(self.url))
             self._pin()
         except BaseException as exc:

@@ -24,6 +24,7 @@ Ray is optional: it is imported only when these functions run (``pip install
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from types import ModuleType
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from turnrl.grpo_core.placement.plan import PlacementConfig, PlacementPlan, plan_placement
 from turnrl.npu_runtime.device import DeviceType
 from turnrl.npu_runtime.net import free_port
+from turnrl.npu_runtime.supervise import StartCancelled
 
 __all__ = [
     "RAY_INSTALL_HINT",
@@ -489,8 +491,15 @@ class RayPlacement:
         ]
         return list(ray.get(refs))
 
-    def start_engines(self, launch: EngineLaunch) -> list[str]:
-        """Start one engine actor per engine, each serving on its node; return the URLs."""
+    def start_engines(
+        self, launch: EngineLaunch, cancel: threading.Event | None = None
+    ) -> list[str]:
+        """Start one engine actor per engine, each serving on its node; return the URLs.
+
+        Raises:
+            StartCancelled: ``cancel`` was set (from another thread) before all were
+                serving; :meth:`shutdown` with ``grace_s=0`` stops them at once.
+        """
         ray = require_ray()
         if self.engines:
             raise RuntimeError("engines are already started")
@@ -508,7 +517,7 @@ class RayPlacement:
         for actor, group, slot in zip(self.engines, plan.engine_bundles, slots, strict=True):
             ids = [d for b in group for d in self.bundles[b].device_ids]
             refs.append(actor.start.remote(launch, plan.accelerator, ids, slot))
-        self.engine_urls = _get(ray, refs, "engine servers start")
+        self.engine_urls = _get(ray, refs, "engine servers start", cancel)
         return self.engine_urls
 
     def restart_engine(self, index: int) -> str:
@@ -516,8 +525,12 @@ class RayPlacement:
         ray = require_ray()
         return str(_get(ray, [self.engines[index].restart.remote()], "engine restart")[0])
 
-    def shutdown(self) -> None:
-        """Stop engine servers and the process group, kill the actors, free the bundles."""
+    def shutdown(self, grace_s: float = 60.0) -> None:
+        """Stop engine servers and the process group, kill the actors, free the bundles.
+
+        Each actor gets ``grace_s`` to stop what it runs; an actor still busy (an engine
+        still starting) is killed after it, and the guard of its engine's process group
+        stops the engine."""
         ray = require_ray()
         from ray.util.placement_group import remove_placement_group
 
@@ -526,8 +539,8 @@ class RayPlacement:
             calls = [a.stop.remote() for a in self.engines] + [
                 a.shutdown.remote() for a in self.trainers
             ]
-            if calls:
-                ray.wait(calls, num_returns=len(calls), timeout=60)
+            if calls and grace_s > 0:
+                ray.wait(calls, num_returns=len(calls), timeout=grace_s)
             for actor in self.engines + self.trainers:
                 ray.kill(actor)
             if self.pg is not None:
@@ -536,8 +549,15 @@ class RayPlacement:
         self.engine_urls, self.engine_nodes, self.trainer_nodes = [], [], []
 
 
-def _get(ray: ModuleType, refs: list[Any], what: str) -> list[Any]:
-    """``ray.get`` that turns an actor's failure into a :class:`PlacementError`."""
+def _get(
+    ray: ModuleType, refs: list[Any], what: str, cancel: threading.Event | None = None
+) -> list[Any]:
+    """``ray.get`` that turns an actor's failure into a :class:`PlacementError`, and stops
+    waiting (``StartCancelled``) once ``cancel`` is set."""
+    if cancel is not None:
+        while ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
+            if cancel.is_set():
+                raise StartCancelled(f"stopped waiting for the {what}")
     try:
         return list(ray.get(refs))
     except ray.exceptions.RayError as error:

@@ -43,6 +43,7 @@ Example (a running Ray, e.g. after ``ray.init()``)::
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -67,6 +68,7 @@ from turnrl.grpo_core.weight_sync.choose import collective_backend
 from turnrl.grpo_core.weight_sync.collective import CollectiveSyncConfig
 from turnrl.grpo_core.weight_sync.disk import DiskWeightSync, WeightSync
 from turnrl.grpo_core.weight_sync.sleep import EngineSleep
+from turnrl.npu_runtime.supervise import StartCancelled
 
 __all__ = [
     "GROUP_METRICS",
@@ -469,12 +471,21 @@ class RayGRPORun:
             raise
         return self.trainers
 
-    def start_engines(self) -> list[str]:
-        """Reserve the placement if not yet, start the engines (none without ``launch``)."""
+    def start_engines(self, cancel: threading.Event | None = None) -> list[str]:
+        """Reserve the placement if not yet, start the engines (none without ``launch``).
+
+        Raises:
+            StartCancelled: ``cancel`` was set meanwhile (from another thread): the engines
+                still starting are stopped at once, not waited for.
+        """
         try:
             self._reserve()
             if self.launch is not None:
-                self.engine_urls = self.placement.start_engines(self.launch)
+                self.engine_urls = self.placement.start_engines(self.launch, cancel)
+        except StartCancelled:
+            self.placement.shutdown(grace_s=0)
+            self.shutdown()
+            raise
         except BaseException:
             self.shutdown()
             raise

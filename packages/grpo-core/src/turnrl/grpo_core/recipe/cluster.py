@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ def ray_run(
     *,
     torch_threads: int = 0,
     ready_timeout_s: float = 60.0,
+    cancel: threading.Event | None = None,
 ) -> Iterator[RayGRPORun]:
     """A :class:`RayGRPORun` with its engines started (``launch``: an ``EngineLaunch``, or
     None for no engines); the trainer ranks are started by the caller
@@ -48,6 +50,8 @@ def ray_run(
             Ray would otherwise give a 1-CPU actor a single OpenMP thread).
         ready_timeout_s: How long the cluster may take to grant the placement; past it the
             run stops with an error naming what it asked for.
+        cancel: Set from another thread to stop the engines while they start
+            (``StartCancelled``).
     """
     from turnrl.grpo_core.placement.actors import require_ray
 
@@ -69,7 +73,7 @@ def ray_run(
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     job = RayGRPORun(placement, None, launch, env=env, ready_timeout_s=ready_timeout_s)
     try:
-        job.start_engines()
+        job.start_engines(cancel)
         yield job
     finally:
         job.shutdown()

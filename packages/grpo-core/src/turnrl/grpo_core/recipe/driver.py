@@ -33,6 +33,7 @@ import dataclasses
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -188,6 +189,7 @@ def engine_fleet(
     placement: PlacementConfig | None = None,
     num_local: int = 1,
     torch_threads: int = 0,
+    cancel: threading.Event | None = None,
 ) -> Iterator[Fleet]:
     """Start the engines serving ``spec``; everything started is stopped at exit.
 
@@ -203,6 +205,8 @@ def engine_fleet(
         placement: The Ray run's trainer ranks and engines, or None for the local runner.
         num_local: How many engines the local runner starts.
         torch_threads: CPU threads of each Ray trainer rank (0: one per core).
+        cancel: Set from another thread to stop the engines while they start
+            (``StartCancelled``), e.g. when the SFT trained meanwhile is interrupted.
     """
     from turnrl.grpo_core.weight_sync.choose import collective_backend, with_weight_transfer
 
@@ -214,12 +218,12 @@ def engine_fleet(
         from turnrl.grpo_core.recipe.cluster import ray_run
 
         launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
-        with ray_run(placement, launch, torch_threads=torch_threads) as job:
+        with ray_run(placement, launch, torch_threads=torch_threads, cancel=cancel) as job:
             yield Fleet(list(job.engine_urls), job, job.restart_engine)
         return
     from turnrl.grpo_core.recipe.engines import start_local_engines
 
-    servers = start_local_engines(spec, num_local, log_dir)
+    servers = start_local_engines(spec, num_local, log_dir, cancel=cancel)
 
     def restart(url: str) -> None:
         (server,) = [s for s in servers if s.url == url]

@@ -12,6 +12,7 @@ engines share no card with each other nor with the trainer this process runs on 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 from turnrl.npu_runtime.device import device_count, resolve_device
@@ -61,14 +62,20 @@ def local_engine_specs(
 
 
 def start_local_engines(
-    spec: EngineSpec, count: int, log_dir: str | Path, *, first_device: int = 1
+    spec: EngineSpec,
+    count: int,
+    log_dir: str | Path,
+    *,
+    first_device: int = 1,
+    cancel: threading.Event | None = None,
 ) -> list[EngineServer]:
     """Start the engines of :func:`local_engine_specs`, one after another, each until it is
-    healthy; if one fails, those started are stopped and the error raised."""
+    healthy; if one fails, or ``cancel`` is set meanwhile (``StartCancelled``), those
+    started are stopped and the error raised."""
     servers: list[EngineServer] = []
     try:
         for each in local_engine_specs(spec, count, first_device=first_device):
-            servers.append(EngineServer(each, log_dir=log_dir).start())
+            servers.append(EngineServer(each, log_dir=log_dir).start(cancel))
     except BaseException:
         for server in servers:
             server.stop()

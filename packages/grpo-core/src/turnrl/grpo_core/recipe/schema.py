@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -578,10 +579,13 @@ def engine_spec(config: Any, model: Path, max_model_len: int, extra: Sequence[st
     )
 
 
-def engines(config: Any, spec: Any, log_dir: Path, on_ray: bool) -> Any:
+def engines(
+    config: Any, spec: Any, log_dir: Path, on_ray: bool, cancel: threading.Event | None = None
+) -> Any:
     """The run's engines from ``spec``, stopped at exit (``recipe.driver.engine_fleet``):
     placed with the trainer ranks still to start by a Ray run (``on_ray``), or the local
-    runner's child processes, each on devices of its own past the trainer's."""
+    runner's child processes, each on devices of its own past the trainer's; ``cancel``
+    stops them while they start."""
     from turnrl.grpo_core.recipe.driver import engine_fleet
     from turnrl.rollout_router.engine_env import ready_python
 
@@ -594,6 +598,7 @@ def engines(config: Any, spec: Any, log_dir: Path, on_ray: bool) -> Any:
         placement=placement_config(c) if on_ray else None,
         num_local=c.num_engines,
         torch_threads=config.model.torch_threads,
+        cancel=cancel,
     )
 
 

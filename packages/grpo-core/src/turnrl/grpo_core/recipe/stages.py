@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,16 +173,24 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
             )
             schema.check_model_split(config, base)
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
-        fleet = schema.engines(config, app.engine_spec(base), run.folder / "logs", on_ray)
+        cancel = threading.Event()
+        logs = run.folder / "logs"
+        fleet = schema.engines(config, app.engine_spec(base), logs, on_ray, cancel)
         started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)
         policy, sft = base, None
         try:
             if train:
                 with phases("sft"):
                     policy, sft = sft_stage(run, app, base)
-        finally:
             with phases("engine start (rest)"):
-                urls, job, restart = await started
+                urls, job, restart = await asyncio.shield(started)
+        except BaseException:
+            # Ctrl-C, or an error in SFT: engines still starting are stopped, not waited for
+            # until healthy (those already serving stop with the stack).
+            cancel.set()
+            with contextlib.suppress(Exception):
+                await started
+            raise
         trainer = schema.trainer_config(config, policy, **app.sampling) if train else None
         if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
             with phases("trainers start"):
