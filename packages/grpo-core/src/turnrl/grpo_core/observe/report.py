@@ -4,11 +4,11 @@ A run folder holds what :class:`~turnrl.grpo_core.observe.logger.StepLogger` wro
 ``metrics.jsonl`` (one JSON object per step: ``{"step": 3, "time": ..., "rollout/reward_mean":
 0.5, ...}``) and TensorBoard event files. :func:`load_scalars` reads ``metrics.jsonl`` when it
 has scalars and otherwise every ``events.out.tfevents.*`` file below the folder (so runs
-logged by TensorBoard alone, e.g. by verl, work too); :func:`read_metrics` reads the lines of a
-``metrics.jsonl`` as they are, also from a run still writing it. :func:`render_curves` draws one figure
-per metric group, the part of the name before the first ``/`` (``rollout``, ``train``,
-``perf``, ``val-core``, ...), one panel per metric, with matplotlib's Agg renderer (no
-display needed). When a step was logged twice (a resumed run) the later value wins.
+logged by TensorBoard alone, e.g. by verl, work too); :func:`read_metrics` reads the lines of
+a ``metrics.jsonl`` as they are, also from a run still writing it. :func:`render_curves` draws
+one figure per metric group, the part of the name before the first ``/`` (``rollout``,
+``train``, ``perf``, ``val-core``, ...), one panel per metric, with matplotlib's Agg renderer
+(no display needed). When a step was logged twice (a resumed run) the later value wins.
 
 Usage::
 
