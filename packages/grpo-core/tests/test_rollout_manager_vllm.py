@@ -102,8 +102,8 @@ async def _step_with_b_streaming(
 
     A step can end before that: B's 1,000-token streams can reach this client whole in their
     last chunk (an API server behind its engine sends what it has at once), or, under load,
-    fail and run on A. Seen in the first of these tests in 2 of 9 engine-cpu runs (one on a
-    quiet machine). Such a step is run again, up to ``tries`` times; the test's bounds are
+    fail and run on A. Seen in 3 of 6 engine-cpu runs of one session (in both tests; twice on
+    a quiet machine). Such a step is run again, up to ``tries`` times; the test's bounds are
     unchanged."""
     for attempt in range(1, tries + 1):
         step = asyncio.create_task(manager.generate([0, 1, 2, 3], 2))
