@@ -482,12 +482,9 @@ class RayGRPORun:
             self._reserve()
             if self.launch is not None:
                 self.engine_urls = self.placement.start_engines(self.launch, cancel)
-        except StartCancelled:
-            self.placement.shutdown(grace_s=0)
-            self.shutdown()
-            raise
-        except BaseException:
-            self.shutdown()
+        except BaseException as exc:
+            # Cancelled: the engine actors are still busy starting, so they are killed at once.
+            self.shutdown(grace_s=0 if isinstance(exc, StartCancelled) else 60.0)
             raise
         return self.engine_urls
 
@@ -554,7 +551,8 @@ class RayGRPORun:
             engine_sleep=engine_sleep,
         )
 
-    def shutdown(self) -> None:
-        """Stop engines and trainers and free the placement; safe to call twice."""
-        self.placement.shutdown()
+    def shutdown(self, grace_s: float = 60.0) -> None:
+        """Stop engines and trainers (each actor given ``grace_s``, then killed) and free the
+        placement; safe to call twice."""
+        self.placement.shutdown(grace_s)
         self.trainers, self.engine_urls = None, []
