@@ -234,6 +234,11 @@ def _engine_servers(root: int) -> dict[int, int]:
     return servers
 
 
+def _generations(log: Path) -> int:
+    """The generate requests an engine has begun answering (its access log ``log``)."""
+    return log.read_text(errors="replace").count("POST /inference/v1/generate ")
+
+
 def _rl_steps(run_dir: Path) -> list[dict[str, Any]]:
     """The RL steps' metrics logged so far."""
     return [x for x in read_metrics(run_dir) if x.get("phase") == "rl"]
@@ -251,8 +256,10 @@ def _rejoined(steps: list[dict[str, Any]]) -> bool:
 def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     tmp_path: Path,
 ) -> None:
-    """Two engines on the Ray runner. As step 1 starts, the second engine is SIGSTOPped (its
-    whole process group) and resumed 1.5 read timeouts later: the router sees it fail
+    """Two engines on the Ray runner. Once step 1's rollout has a request on the second
+    engine (a generate request in its access log after the evaluation before RL; waiting
+    only for that evaluation's end once let the stop miss step 1 in CI), it is SIGSTOPped
+    (its whole process group) and resumed 1.5 read timeouts later: the router sees it fail
     (``rollout/engine_errors``; requests to it fail after ``--router-read-timeout``, 8 s,
     and go to the other engine) and the step completes; its sync (after that read timeout,
     each reload bounded by one) reaches the engine running again. Once step 1 is logged it
@@ -271,18 +278,28 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     app = _start_app(args, tmp_path)
     try:
         progress, deadline = run_dir / "progress.json", time.monotonic() + 840
+        servers: dict[int, int] = {}
+        while time.monotonic() < deadline and app.poll() is None and len(servers) < 2:
+            servers = _engine_servers(app.pid)
+            time.sleep(0.5)
+        assert len(servers) == 2, (tmp_path / "err").read_text()[-3000:]
+        port = max(servers)
+        log, victim = run_dir / "logs" / f"engine-{port}.log", os.getpgid(servers[port])
         while time.monotonic() < deadline and app.poll() is None:
             if progress.is_file() and '"before"' in progress.read_text():
                 break  # the evaluation before RL is done: step 1's rollout starts
-            time.sleep(0.05)
-        assert app.poll() is None, (tmp_path / "err").read_text()[-3000:]
-        servers = _engine_servers(app.pid)
-        assert len(servers) == 2, servers
-        port = max(servers)
-        victim = os.getpgid(servers[port])
+            time.sleep(0.02)
+        served = _generations(log)
+        while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
+            if _generations(log) > served:
+                break  # step 1's rollout has a request on it
+            time.sleep(0.02)
         os.killpg(victim, signal.SIGSTOP)
+        stopped, early = time.time(), _rl_steps(run_dir)
         time.sleep(1.5 * read_timeout)
         os.killpg(victim, signal.SIGCONT)
+        assert app.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        assert not early, f"step 1 ended before its rollout reached {port}: {early}"
         while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
             time.sleep(0.05)  # until step 1 is synced and logged
         os.killpg(victim, signal.SIGKILL)
@@ -309,7 +326,8 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     steps = _rl_steps(run_dir)
     assert _rejoined(steps), [s["perf/sync_engines"] for s in steps]
     # The router saw the stopped engine fail during step 1 (requests and health checks).
-    assert steps[0]["rollout/engine_errors"] >= 1, steps[0]
+    timeline = [(round(s["time"] - stopped, 1), s["rollout/engine_errors"]) for s in steps[:3]]
+    assert steps[0]["rollout/engine_errors"] >= 1, (timeline, steps[0], log.read_text()[-3000:])
     # Synced engines after each step: both, the survivor from step 2 on, both again.
     synced = [step["perf/sync_engines"] for step in steps]
     assert synced[0] == 2.0 and synced[1] == 1.0, synced
