@@ -167,7 +167,7 @@ class _WeightRoutes:
         self.url = ""
         self._runner: web.AppRunner | None = None
 
-    async def start(self) -> _WeightRoutes:
+    async def start(self, port: int = 0) -> _WeightRoutes:
         app = web.Application()
         app.router.add_post("/collective_rpc", self._rpc)
         app.router.add_post("/reset_prefix_cache", self._ok)
@@ -175,7 +175,7 @@ class _WeightRoutes:
         app.router.add_get("/weight_info", self._info)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
@@ -318,6 +318,68 @@ async def test_disk_weight_sync_reloads_engines_at_once_and_drops_a_hung_one(
             await engine.stop()
     with pytest.raises(ValueError, match="reload_timeout must be > 0"):
         DiskWeightSync(["http://127.0.0.1:1"], tmp_path, reload_timeout=0)
+
+
+async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
+    tmp_path: Path,
+) -> None:
+    """The only engine is gone at a sync (the CPU default has one): the driver's heal
+    starts it again in place (here: a stand-in on the same port, started from the
+    restart's worker thread) while the sync waits, and it gets that sync's version without
+    leaving the router; past its restarts, or when the restart fails, the sync fails."""
+    import io
+    import socket
+
+    from rich.console import Console
+
+    from turnrl.grpo_core.recipe.driver import MAX_ENGINE_RESTARTS, _heal
+    from turnrl.rollout_router.router import Router
+
+    with socket.socket() as probe:  # a free port, nothing listening on it afterwards
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
+    served: list[_WeightRoutes] = []
+    fail: list[str] = []
+
+    def restart(engine: str) -> None:  # as Fleet.restart: blocks until the engine serves
+        assert engine == url
+        if fail:
+            raise RuntimeError(fail[0])
+        started = asyncio.run_coroutine_threadsafe(_WeightRoutes().start(port), main)
+        served.append(started.result(timeout=10))
+
+    out = io.StringIO()
+    sync = DiskWeightSync([url], tmp_path)
+    async with Router([url]) as router:
+        _heal(Console(file=out, width=200), sync, router, restart)
+        try:
+            assert (await sync.sync(_Exporter(), 1))["engines"] == 1.0
+            assert served[0].version == "1" and sync.engine_urls == [url] and sync.lost == []
+            assert list(router.metrics()) == [url]  # it never left the router
+            said = out.getvalue()
+            assert f"no engine could be reached at the weight sync: starting {url} again" in said
+            assert "(restart 1); the run waits for it" in said
+            for version in range(2, MAX_ENGINE_RESTARTS + 1):  # killed again after each sync
+                await served.pop().stop()
+                assert (await sync.sync(_Exporter(), version))["engines"] == 1.0
+            await served.pop().stop()
+            last = MAX_ENGINE_RESTARTS + 1  # its restarts are spent
+            with pytest.raises(WeightSyncError, match=rf"weight version {last}: all 1 .*{port}"):
+                await sync.sync(_Exporter(), last)
+        finally:
+            for engine in served:
+                await engine.stop()
+    # A restart that fails: the sync fails, naming the engine; the reason is printed.
+    fail.append("port taken")
+    sync = DiskWeightSync([url], tmp_path / "b")
+    async with Router([url]) as router:
+        _heal(Console(file=out, width=200), sync, router, restart)
+        with pytest.raises(
+            WeightSyncError, match=f"no engine took weight version 1: all 1 unreachable \\({url}\\)"
+        ):
+            await sync.sync(_Exporter(), 1)
+    assert f"engine {url} did not start again: port taken" in out.getvalue()
 
 
 def test_algorithm_names_what_the_advantages_are() -> None:

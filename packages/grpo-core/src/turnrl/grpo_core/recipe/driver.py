@@ -394,9 +394,35 @@ MAX_ENGINE_RESTARTS = 3
 
 def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], None] | None) -> None:
     """An engine the disk sync cannot reach leaves the router; with ``restart``, it is
-    started again in the background and rejoins at the sync after it is healthy."""
+    started again in the background and rejoins at the sync after it is healthy, or, when
+    the sync reached no engine at all (e.g. the only one died), started again while the
+    run waits, and given that sync's weights (each engine at most
+    :data:`MAX_ENGINE_RESTARTS` times in all)."""
     restarts: dict[str, int] = {}
     tasks: set[asyncio.Task[None]] = set()
+
+    def count(url: str) -> bool:
+        """Count one more restart of ``url``; False when it has had them all."""
+        if restart is None or restarts.get(url, 0) >= MAX_ENGINE_RESTARTS:
+            return False
+        restarts[url] = restarts.get(url, 0) + 1
+        return True
+
+    async def restore(urls: list[str]) -> list[str]:
+        assert restart is not None
+        todo = [url for url in urls if count(url)]
+        for url in todo:
+            console.print(
+                f"[yellow]no engine could be reached at the weight sync: starting {url} "
+                f"again (restart {restarts[url]}); the run waits for it"
+            )
+        started = await asyncio.gather(
+            *(asyncio.to_thread(restart, url) for url in todo), return_exceptions=True
+        )
+        for url, result in zip(todo, started, strict=True):
+            if isinstance(result, Exception):
+                console.print(f"[yellow]engine {url} did not start again: {result}")
+        return [url for url, result in zip(todo, started, strict=True) if result is None]
 
     async def start_again(url: str, restart: Callable[[str], None]) -> None:
         try:
@@ -414,9 +440,8 @@ def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], Non
             f"[yellow]engine {url} could not be reached at the weight sync: it is left out "
             f"of the run ({len(sync.engine_urls)} engine(s) go on; its log says why)"
         )
-        if restart is None or restarts.get(url, 0) >= MAX_ENGINE_RESTARTS:
+        if restart is None or not count(url):
             return
-        restarts[url] = restarts.get(url, 0) + 1
         console.print(f"engine {url}: starting it again (restart {restarts[url]})")
         task = asyncio.create_task(start_again(url, restart))
         tasks.add(task)
@@ -427,6 +452,7 @@ def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], Non
         console.print(f"engine {url} is back in the run, serving the trained weights")
 
     sync.on_engine_lost, sync.on_engine_back = engine_lost, engine_back
+    sync.restore = restore if restart is not None else None
 
 
 def run_main(

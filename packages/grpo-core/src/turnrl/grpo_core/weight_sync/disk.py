@@ -7,7 +7,9 @@ engine to confirm it serves the new weights. Older version folders are removed o
 engine uses them. An engine that cannot be reached at a sync (dead, or silent past its
 ``reload_timeout``) leaves the run: the sync goes on with the others and reports it to
 ``on_engine_lost`` (the apps' router then stops routing to it, so it can never serve an
-older version); only when no engine is left does the sync fail. An engine started again
+older version). When no engine is left, the sync hands the unreachable ones to
+``restore`` (which starts them again in place and waits for them) and reloads those it
+returns; with none back, the sync fails. An engine started again in the background
 comes back through :meth:`DiskWeightSync.rejoin`: the next sync reloads it too and, once
 it confirms the version, reports it to ``on_engine_back``. The GPU path, vLLM's collective weight transfer in buckets, is
 :class:`~turnrl.grpo_core.weight_sync.collective.CollectiveWeightSync`.
@@ -89,6 +91,9 @@ class DiskWeightSync:
             once it serves the version of a sync.
         reload_timeout: Seconds an engine may take to reload a version; past them it is
             taken as hung and leaves the run like an unreachable one.
+        restore: Awaited, when no engine could be reached at a sync, with their URLs;
+            returns those it started again in place, which get the version at once (they
+            never left the run). None: such a sync fails.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class DiskWeightSync:
         on_engine_lost: Callable[[str], Awaitable[None]] | None = None,
         on_engine_back: Callable[[str], Awaitable[None]] | None = None,
         reload_timeout: float = RELOAD_TIMEOUT_S,
+        restore: Callable[[list[str]], Awaitable[list[str]]] | None = None,
     ) -> None:
         if not engine_urls:
             raise ValueError("DiskWeightSync needs at least one engine url")
@@ -117,10 +123,30 @@ class DiskWeightSync:
         """Awaited with each engine URL that left the run (see the module)."""
         self.on_engine_back = on_engine_back
         """Awaited with each engine URL that rejoined the run (see :meth:`rejoin`)."""
+        self.restore = restore
+        """Starts the engines again when none could be reached (see the arguments)."""
         self.lost: list[str] = []
         """Engines that left the run, in the order they were lost."""
         self.joining: list[str] = []
         """Engines started again that the next sync brings back (:meth:`rejoin`)."""
+
+    async def _reload(self, urls: Sequence[str], folder: Path, version: int) -> list[str]:
+        """Reload ``urls`` from ``folder`` as ``version``, all at once (a sync costs the
+        slowest one); returns those that could not be reached."""
+        results = await asyncio.gather(
+            *(reload_engine(url, folder, str(version), self.reload_timeout) for url in urls),
+            return_exceptions=True,
+        )
+        lost = []
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, EngineUnavailableError):
+                lost.append(url)
+                logger.warning(
+                    "engine %s left the run at weight version %d: %s", url, version, result
+                )
+            elif isinstance(result, BaseException):
+                raise result
+        return lost
 
     def rejoin(self, url: str) -> None:
         """Bring an engine that left the run back at the next sync (it was started again)."""
@@ -132,7 +158,7 @@ class DiskWeightSync:
 
         Raises:
             WeightSyncError: an engine reports another version after the reload, or no
-                engine could be reached.
+                engine could be reached (nor restored).
         """
         if self.versions and version <= self.versions[-1]:
             raise ValueError(f"weight versions must increase: {version} after {self.versions[-1]}")
@@ -141,23 +167,16 @@ class DiskWeightSync:
         trainer.export_hf(folder)
         exported = time.perf_counter()
         joining, self.joining = self.joining, []
-        lost, back = [], []
         urls = [*self.engine_urls, *joining]
-        results = await asyncio.gather(  # all engines at once: a sync costs the slowest one
-            *(reload_engine(url, folder, str(version), self.reload_timeout) for url in urls),
-            return_exceptions=True,
-        )
-        for url, result in zip(urls, results, strict=True):
-            if isinstance(result, EngineUnavailableError):
-                lost.append(url)
-                logger.warning(
-                    "engine %s left the run at weight version %d: %s", url, version, result
-                )
-            elif isinstance(result, BaseException):
-                raise result
-            elif url in joining:
-                back.append(url)
+        lost = await self._reload(urls, folder, version)
+        back = [u for u in joining if u not in lost]
         live = [u for u in self.engine_urls if u not in lost] + back
+        if not live and self.restore is not None:  # the run needs an engine: wait for one
+            again = await self.restore(list(lost))
+            failed = await self._reload(again, folder, version)
+            live = [u for u in again if u not in failed]
+            back = [u for u in live if u in joining]  # had left the run before this sync
+            lost = [u for u in lost if u not in live]
         if not live:
             raise WeightSyncError(
                 f"no engine took weight version {version}: all {len(lost)} unreachable "
