@@ -173,6 +173,7 @@ class _WeightRoutes:
         app.router.add_post("/reset_prefix_cache", self._ok)
         app.router.add_post("/update_weight_version", self._version)
         app.router.add_get("/weight_info", self._info)
+        app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -192,6 +193,9 @@ class _WeightRoutes:
 
     async def _ok(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response()
 
     async def _version(self, request: web.Request) -> web.Response:
         self.version = (await request.json())["new_version"]
@@ -352,13 +356,13 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     out = io.StringIO()
     sync = DiskWeightSync([url], tmp_path)
     async with Router([url]) as router:
-        _heal(Console(file=out, width=200), sync, router, restart)
+        _heal(Console(file=out, width=200), sync, router, restart, tmp_path)
         try:
             assert (await sync.sync(_Exporter(), 1))["engines"] == 1.0
             assert served[0].version == "1" and sync.engine_urls == [url] and sync.lost == []
             assert list(router.metrics()) == [url]  # it never left the router
             said = out.getvalue()
-            assert f"no engine could be reached at the weight sync: starting {url} again" in said
+            assert f"no engine took the weights: starting {url} again" in said
             assert "(restart 1); the run waits for it" in said
             for version in range(2, MAX_ENGINE_RESTARTS + 1):  # killed again after each sync
                 await served.pop().stop()
@@ -374,12 +378,79 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     fail.append("port taken")
     sync = DiskWeightSync([url], tmp_path / "b")
     async with Router([url]) as router:
-        _heal(Console(file=out, width=200), sync, router, restart)
+        _heal(Console(file=out, width=200), sync, router, restart, tmp_path)
         with pytest.raises(
             WeightSyncError, match=f"no engine took weight version 1: all 1 unreachable \\({url}\\)"
         ):
             await sync.sync(_Exporter(), 1)
     assert f"engine {url} did not start again: port taken" in out.getvalue()
+
+
+async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_is_back(
+    tmp_path: Path,
+) -> None:
+    """The only engine dies mid-rollout: its episodes' re-runs are spent and the rollout
+    raises ``EpisodeFailedError``. The RL stage's wrapper of the generate hook finds the
+    engine dead (its health check), starts it again in place (a stand-in on its port)
+    while the run waits, gives it the weights it served (the SFT policy as version 0
+    before any sync, the last synced version after) and runs the rollout again; when the
+    engine cannot be started again, the rollout's own error is raised."""
+    import io
+    import socket
+
+    from rich.console import Console
+
+    from turnrl.grpo_core.loop.rollout_manager import EpisodeFailedError
+    from turnrl.grpo_core.recipe.driver import _heal, _rerun_after
+    from turnrl.rollout_router.router import Router
+
+    with socket.socket() as probe:  # a free port, nothing listening on it afterwards
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
+    served: list[_WeightRoutes] = []
+    fail: list[str] = []
+
+    def restart(engine: str) -> None:
+        if fail:
+            raise RuntimeError(fail[0])
+        started = asyncio.run_coroutine_threadsafe(_WeightRoutes().start(port), main)
+        served.append(started.result(timeout=10))
+
+    calls: list[int] = []
+
+    async def generate(prompts: list[str], n: int) -> list[str]:
+        calls.append(n)
+        if len(calls) % 2:  # every other call: the engine was down
+            raise EpisodeFailedError("episode 0 of group g failed on its engine 3 times")
+        return [p * n for p in prompts]
+
+    out, policy = io.StringIO(), tmp_path / "sft"
+    policy.mkdir()
+    (policy / "model.safetensors").write_bytes(b"")  # the engine stand-in reads nothing
+    sync = DiskWeightSync([url], tmp_path / "weights")
+    async with Router([url]) as router:
+        console = Console(file=out, width=200)
+        rollout = _rerun_after(_heal(console, sync, router, restart, policy), generate, console)
+        try:
+            assert await rollout(["a"], 2) == ["aa"] and calls == [2, 2]
+            assert served[0].reloads == [str(policy)] and served[0].version == "0"
+            said = out.getvalue()
+            assert f"the rollout failed with this engine down: starting {url} again" in said
+            assert "running it again" in said
+            await sync.sync(_Exporter(), 1)
+            await served.pop().stop()  # dies after the sync of version 1
+            assert await rollout(["b"], 1) == ["b"]
+            assert served[0].reloads == [str(tmp_path / "weights" / "v1")]
+            assert served[0].version == "1" and sync.engine_urls == [url]
+            await served.pop().stop()
+            fail.append("no free port")
+            with pytest.raises(EpisodeFailedError, match="failed on its engine 3 times"):
+                await rollout(["c"], 1)
+            assert f"engine {url} did not start again: no free port" in out.getvalue()
+        finally:
+            for engine in served:
+                await engine.stop()
 
 
 def test_algorithm_names_what_the_advantages_are() -> None:

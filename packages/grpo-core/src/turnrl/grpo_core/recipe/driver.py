@@ -384,22 +384,62 @@ async def build_rl(
     if isinstance(loop.weight_sync, DiskWeightSync):
         # An engine silent past the read timeout at a reload is hung: it leaves the run.
         loop.weight_sync.reload_timeout = run.config.engine.read_timeout
-        _heal(run.console, loop.weight_sync, router, restart)
+        recover = _heal(run.console, loop.weight_sync, router, restart, policy)
+        if restart is not None:
+            loop.generate = _rerun_after(recover, loop.generate, run.console)
     return loop, stage
+
+
+def _rerun_after(
+    recover: Callable[[], Awaitable[bool]], generate: Any, console: Console
+) -> Callable[[Sequence[Any], int], Awaitable[Any]]:
+    """``generate`` run once more when it failed for want of an engine (its episodes'
+    re-runs spent: every engine dead) and ``recover`` brought one back."""
+
+    async def run(prompts: Sequence[Any], n: int) -> Any:
+        from turnrl.grpo_core.loop.rollout_manager import EpisodeFailedError
+        from turnrl.rollout_router.protocol import NoEngineAvailableError
+
+        try:
+            return await generate(prompts, n)
+        except (EpisodeFailedError, NoEngineAvailableError) as exc:
+            if not await recover():
+                raise
+            console.print(f"[yellow]the rollout failed on its engines ({exc}); running it again")
+        return await generate(prompts, n)
+
+    return run
 
 
 MAX_ENGINE_RESTARTS = 3
 """How many times the RL stage starts one lost engine again."""
 
 
-def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], None] | None) -> None:
+def _heal(
+    console: Console,
+    sync: Any,
+    router: Any,
+    restart: Callable[[str], None] | None,
+    policy: str | Path,
+) -> Callable[[], Awaitable[bool]]:
     """An engine the disk sync cannot reach leaves the router; with ``restart``, it is
     started again in the background and rejoins at the sync after it is healthy, or, when
     the sync reached no engine at all (e.g. the only one died), started again while the
     run waits, and given that sync's weights (each engine at most
-    :data:`MAX_ENGINE_RESTARTS` times in all)."""
+    :data:`MAX_ENGINE_RESTARTS` times in all).
+
+    Returns:
+        ``recover()``, for a rollout that failed on its engines: the sync's engines that
+        do not answer their health check are started again the same way and given the
+        weights they served (the last synced version, else ``policy`` as version 0);
+        True when some engine serves (all answered, or one came back), else False.
+    """
+    from turnrl.grpo_core.weight_sync.disk import reload_engine
+    from turnrl.rollout_router.client import EngineClient
+
     restarts: dict[str, int] = {}
     tasks: set[asyncio.Task[None]] = set()
+    lock = asyncio.Lock()  # concurrent rollouts (the async loop's groups) recover once
 
     def count(url: str) -> bool:
         """Count one more restart of ``url``; False when it has had them all."""
@@ -408,13 +448,13 @@ def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], Non
         restarts[url] = restarts.get(url, 0) + 1
         return True
 
-    async def restore(urls: list[str]) -> list[str]:
+    async def restore(urls: list[str], why: str = "no engine took the weights") -> list[str]:
         assert restart is not None
         todo = [url for url in urls if count(url)]
         for url in todo:
             console.print(
-                f"[yellow]no engine could be reached at the weight sync: starting {url} "
-                f"again (restart {restarts[url]}); the run waits for it"
+                f"[yellow]{why}: starting {url} again (restart {restarts[url]}); "
+                "the run waits for it"
             )
         started = await asyncio.gather(
             *(asyncio.to_thread(restart, url) for url in todo), return_exceptions=True
@@ -451,8 +491,31 @@ def _heal(console: Console, sync: Any, router: Any, restart: Callable[[str], Non
         router.add_engine(url)
         console.print(f"engine {url} is back in the run, serving the trained weights")
 
+    async def healthy(url: str) -> bool:
+        async with EngineClient(url) as client:
+            return await client.health(5.0)
+
+    async def recover() -> bool:
+        async with lock:
+            answers = await asyncio.gather(*(healthy(url) for url in sync.engine_urls))
+            dead = [url for url, ok in zip(sync.engine_urls, answers, strict=True) if not ok]
+            if not dead or restart is None:
+                return not dead
+            back = await restore(dead, "the rollout failed with this engine down")
+            if sync.versions:
+                folder, version = sync.root / f"v{sync.versions[-1]}", str(sync.versions[-1])
+            else:
+                folder, version = Path(policy), "0"
+            loaded = await asyncio.gather(
+                *(reload_engine(url, folder, version, sync.reload_timeout) for url in back),
+                return_exceptions=True,
+            )
+            serving = len(sync.engine_urls) - len(dead) + loaded.count(None)
+            return serving > 0  # the dead ones left out leave the run at the next sync
+
     sync.on_engine_lost, sync.on_engine_back = engine_lost, engine_back
     sync.restore = restore if restart is not None else None
+    return recover
 
 
 def run_main(
