@@ -93,6 +93,24 @@ async def test_failure_before_any_token_is_retried_on_another_engine(make_engine
         assert "HTTP 500" in state.last_error
 
 
+async def test_errors_total_keeps_the_errors_of_removed_engines(make_engine):
+    """``errors_total`` counts an engine's failures after it left the router (and was added
+    back): a run's per-step error count must not lose those of an engine it dropped."""
+    bad, good = await make_engine(fail_status=500), await make_engine()
+    async with Router([bad.url, good.url], config(failure_threshold=2)) as router:
+        for i in range(4):
+            await router.generate([i], FAST)
+        assert router.errors_total() == router.engine(bad.url).errors_total == 2
+        await router.remove_engine(bad.url)
+        assert bad.url not in router.metrics() and router.errors_total() == 2
+        router.add_engine(bad.url)  # back: a fresh state, the old count kept
+        assert router.engine(bad.url).errors_total == 0 and router.errors_total() == 2
+        await router.remove_engine(bad.url)  # nothing in flight: forgotten at once
+        router.add_engine(bad.url)
+        await router.remove_engine(bad.url)
+        assert router.errors_total() == 2
+
+
 async def test_failure_after_tokens_is_not_retried(make_engine):
     a = await make_engine(token_delay=0.01)
     b = await make_engine(token_delay=0.01)

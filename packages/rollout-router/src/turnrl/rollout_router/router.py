@@ -164,6 +164,7 @@ class Router:
         """Routing settings."""
         self._client_factory = client_factory or self._client
         self._engines: dict[str, EngineState] = {}
+        self._errors_of_gone = 0  # errors of engine states dropped (see errors_total)
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._waiters: set[asyncio.Future[None]] = set()
         self._health_task: asyncio.Task[None] | None = None
@@ -180,6 +181,8 @@ class Router:
         state = self._engines.get(url)
         if state is not None and not state.removed:
             raise ValueError(f"engine {url} is already in the router")
+        if state is not None:  # a removed one still draining: replaced, its count kept
+            self._errors_of_gone += state.errors_total
         state = EngineState(client=self._client_factory(url), cooldown=self.config.open_cooldown)
         self._engines[url] = state
         self._notify()
@@ -208,6 +211,7 @@ class Router:
     async def _forget(self, state: EngineState) -> None:
         if self._engines.get(state.url) is state:
             del self._engines[state.url]
+            self._errors_of_gone += state.errors_total
         await state.client.close()
 
     @property
@@ -494,6 +498,11 @@ class Router:
             url: e.busy_s + (now - e.busy_since if e.busy_since is not None else 0.0)
             for url, e in self._engines.items()
         }
+
+    def errors_total(self) -> int:
+        """Failed requests and health checks on every engine this router has had, those
+        removed (and added back) included; :meth:`metrics` shows only current ones."""
+        return self._errors_of_gone + sum(e.errors_total for e in self._engines.values())
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per-engine metrics: circuit, in flight, busy seconds, totals, mean and p50/p99

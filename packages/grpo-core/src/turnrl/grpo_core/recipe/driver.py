@@ -347,14 +347,11 @@ async def build_rl(
     from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
 
     loop_config = settings(run.config)
-    errors: dict[str, int] = {}  # each engine's failed requests and health checks so far
+    errors = [0]  # the engines' failed requests and health checks up to the last step
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
-        now = {url: m["errors_total"] for url, m in router.metrics().items()}
-        metrics["rollout/engine_errors"] = float(
-            sum(max(0, n - errors.get(url, 0)) for url, n in now.items())
-        )
-        errors.update(now)
+        now = router.errors_total()  # an engine that left the run included
+        metrics["rollout/engine_errors"], errors[0] = float(now - errors[0]), now
         if on_step is not None:
             on_step(step, metrics)  # the same dict lands in the loop's history
         metrics.update({v: metrics[k] for k, v in VERL_NAMES.items() if k in metrics})
