@@ -332,16 +332,14 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     restart's worker thread) while the sync waits, and it gets that sync's version without
     leaving the router; past its restarts, or when the restart fails, the sync fails."""
     import io
-    import socket
 
     from rich.console import Console
 
     from turnrl.grpo_core.recipe.driver import MAX_ENGINE_RESTARTS, _heal
+    from turnrl.npu_runtime.net import free_port
     from turnrl.rollout_router.router import Router
 
-    with socket.socket() as probe:  # a free port, nothing listening on it afterwards
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens on it until the restart
     url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
     served: list[_WeightRoutes] = []
     fail: list[str] = []
@@ -396,17 +394,15 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
     before any sync, the last synced version after) and runs the rollout again; when the
     engine cannot be started again, the rollout's own error is raised."""
     import io
-    import socket
 
     from rich.console import Console
 
     from turnrl.grpo_core.loop.rollout_manager import EpisodeFailedError
     from turnrl.grpo_core.recipe.driver import _heal, _rerun_after
+    from turnrl.npu_runtime.net import free_port
     from turnrl.rollout_router.router import Router
 
-    with socket.socket() as probe:  # a free port, nothing listening on it afterwards
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens on it until the restart
     url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
     served: list[_WeightRoutes] = []
     fail: list[str] = []
