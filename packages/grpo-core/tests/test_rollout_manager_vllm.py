@@ -26,8 +26,9 @@ import pytest
 
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
+from turnrl.npu_runtime.supervise import descendants
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, descendants
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.engine_env import ready_python
 from turnrl.rollout_router.protocol import SamplingParams
 from turnrl.rollout_router.router import Router, RouterConfig

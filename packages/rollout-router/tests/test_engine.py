@@ -217,7 +217,8 @@ def test_pin_api_server_moves_the_server_and_everything_below_it() -> None:
     import subprocess
     import time
 
-    from turnrl.rollout_router.engine import descendants, pin_api_server
+    from turnrl.npu_runtime.supervise import descendants
+    from turnrl.rollout_router.engine import pin_api_server
 
     grandchild = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
     child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"

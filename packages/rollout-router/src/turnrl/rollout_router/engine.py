@@ -36,7 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from turnrl.npu_runtime.ascend_env import ascend_env_defaults
-from turnrl.npu_runtime.supervise import ManagedProcess, ProcessDiedError, start_process
+from turnrl.npu_runtime.supervise import (
+    ManagedProcess,
+    ProcessDiedError,
+    descendants,
+    start_process,
+)
 from turnrl.rollout_router.engine_env import DEVICES, ensure_engine_env
 
 HEALTH_TIMEOUT_ENV = "TURNRL_ENGINE_HEALTH_TIMEOUT_SEC"
@@ -182,23 +187,6 @@ def parse_cores(text: str) -> set[int]:
     if not cores:
         raise ValueError(f"no cores in {text!r}")
     return cores
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``; processes that exit meanwhile are skipped)."""
-    out: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except FileNotFoundError:
-        return out
-    for task in tasks:
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in map(int, children):
-            out += [child, *descendants(child)]
-    return out
 
 
 def pin_api_server(pid: int, api_cores: set[int], engine_cores: set[int]) -> int:
