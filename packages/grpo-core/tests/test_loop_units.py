@@ -324,6 +324,32 @@ async def test_disk_weight_sync_reloads_engines_at_once_and_drops_a_hung_one(
         DiskWeightSync(["http://127.0.0.1:1"], tmp_path, reload_timeout=0)
 
 
+class _DeadEngine:
+    """An engine whose port nothing serves until :meth:`restart` (as ``Fleet.restart``, from
+    the heal's worker thread: blocks until it serves) starts a :class:`_WeightRoutes` on
+    it; each restart raises the first of ``fail`` instead, when set."""
+
+    def __init__(self) -> None:
+        from turnrl.npu_runtime.net import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.served: list[_WeightRoutes] = []
+        self.fail: list[str] = []
+        self._loop = asyncio.get_running_loop()
+
+    def restart(self, engine: str) -> None:
+        assert engine == self.url
+        if self.fail:
+            raise RuntimeError(self.fail[0])
+        started = asyncio.run_coroutine_threadsafe(_WeightRoutes().start(self.port), self._loop)
+        self.served.append(started.result(timeout=10))
+
+    async def stop(self) -> None:
+        for engine in self.served:
+            await engine.stop()
+
+
 async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     tmp_path: Path,
 ) -> None:
@@ -336,21 +362,10 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     from rich.console import Console
 
     from turnrl.grpo_core.recipe.driver import MAX_ENGINE_RESTARTS, _heal
-    from turnrl.npu_runtime.net import free_port
     from turnrl.rollout_router.router import Router
 
-    port = free_port()  # nothing listens on it until the restart
-    url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
-    served: list[_WeightRoutes] = []
-    fail: list[str] = []
-
-    def restart(engine: str) -> None:  # as Fleet.restart: blocks until the engine serves
-        assert engine == url
-        if fail:
-            raise RuntimeError(fail[0])
-        started = asyncio.run_coroutine_threadsafe(_WeightRoutes().start(port), main)
-        served.append(started.result(timeout=10))
-
+    dead = _DeadEngine()
+    url, port, served, fail, restart = dead.url, dead.port, dead.served, dead.fail, dead.restart
     out = io.StringIO()
     sync = DiskWeightSync([url], tmp_path)
     async with Router([url]) as router:
@@ -370,8 +385,7 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
             with pytest.raises(WeightSyncError, match=rf"weight version {last}: all 1 .*{port}"):
                 await sync.sync(_Exporter(), last)
         finally:
-            for engine in served:
-                await engine.stop()
+            await dead.stop()
     # A restart that fails: the sync fails, naming the engine; the reason is printed.
     fail.append("port taken")
     sync = DiskWeightSync([url], tmp_path / "b")
@@ -399,20 +413,10 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
 
     from turnrl.grpo_core.loop.rollout_manager import EpisodeFailedError
     from turnrl.grpo_core.recipe.driver import _heal, _rerun_after
-    from turnrl.npu_runtime.net import free_port
     from turnrl.rollout_router.router import Router
 
-    port = free_port()  # nothing listens on it until the restart
-    url, main = f"http://127.0.0.1:{port}", asyncio.get_running_loop()
-    served: list[_WeightRoutes] = []
-    fail: list[str] = []
-
-    def restart(engine: str) -> None:
-        if fail:
-            raise RuntimeError(fail[0])
-        started = asyncio.run_coroutine_threadsafe(_WeightRoutes().start(port), main)
-        served.append(started.result(timeout=10))
-
+    dead = _DeadEngine()
+    url, served, fail, restart = dead.url, dead.served, dead.fail, dead.restart
     calls: list[int] = []
 
     async def generate(prompts: list[str], n: int) -> list[str]:
@@ -445,8 +449,7 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
                 await rollout(["c"], 1)
             assert f"engine {url} did not start again: no free port" in out.getvalue()
         finally:
-            for engine in served:
-                await engine.stop()
+            await dead.stop()
 
 
 def test_algorithm_names_what_the_advantages_are() -> None:
