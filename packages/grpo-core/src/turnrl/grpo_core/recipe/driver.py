@@ -431,7 +431,6 @@ def _heal(
         weights they served (the last synced version, else ``policy`` as version 0);
         True when some engine serves (all answered, or one came back), else False.
     """
-    from turnrl.grpo_core.weight_sync.disk import reload_engine
     from turnrl.rollout_router.client import EngineClient
 
     restarts: dict[str, int] = {}
@@ -499,15 +498,8 @@ def _heal(
             if not dead or restart is None:
                 return not dead
             back = await restore(dead, "the rollout failed with this engine down")
-            if sync.versions:
-                folder, version = sync.root / f"v{sync.versions[-1]}", str(sync.versions[-1])
-            else:
-                folder, version = Path(policy), "0"
-            loaded = await asyncio.gather(
-                *(reload_engine(url, folder, version, sync.reload_timeout) for url in back),
-                return_exceptions=True,
-            )
-            serving = len(sync.engine_urls) - len(dead) + loaded.count(None)
+            failed = await sync.reload_last(back, policy)
+            serving = len(sync.engine_urls) - len(dead) + len(back) - len(failed)
             return serving > 0  # the dead ones left out leave the run at the next sync
 
     sync.on_engine_lost, sync.on_engine_back = engine_lost, engine_back

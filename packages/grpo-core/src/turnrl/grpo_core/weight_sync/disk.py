@@ -148,6 +148,13 @@ class DiskWeightSync:
                 raise result
         return lost
 
+    async def reload_last(self, urls: Sequence[str], policy: str | Path) -> list[str]:
+        """Give ``urls`` (engines started again) the weights the run last synced, or
+        ``policy`` as version 0 before any sync; returns those that could not be reached."""
+        if self.versions:
+            return await self._reload(urls, self.root / f"v{self.versions[-1]}", self.versions[-1])
+        return await self._reload(urls, Path(policy), 0)
+
     def rejoin(self, url: str) -> None:
         """Bring an engine that left the run back at the next sync (it was started again)."""
         if url not in self.engine_urls and url not in self.joining:
