@@ -172,6 +172,27 @@ async def test_dead_engine_leaves_rotation_within_two_seconds(make_engine):
             await asyncio.sleep(0.02)
 
 
+async def test_a_health_check_that_raises_counts_as_a_failure_and_the_loop_goes_on(make_engine):
+    """An error the client's ``health`` does not catch (here RuntimeError, as aiohttp's
+    "Session is closed") fails that engine's check, not the health loop."""
+    a, b = await make_engine(), await make_engine()
+    async with Router([a.url, b.url], config(health_interval=0.05)) as router:
+        broken = router.engine(a.url).client
+
+        async def health(timeout: float = 2.0) -> bool:
+            raise RuntimeError("Session is closed")
+
+        broken.health = health  # type: ignore[method-assign]
+        start = time.monotonic()
+        while router.engine(a.url).circuit == "closed":
+            assert time.monotonic() - start < 2.0
+            await asyncio.sleep(0.02)
+        assert "RuntimeError('Session is closed')" in (router.engine(a.url).last_error or "")
+        errors = router.errors_total()
+        await asyncio.sleep(0.5)  # the loop goes on: a's half-open probes fail, b stays well
+        assert router.errors_total() > errors and router.engine(b.url).circuit == "closed"
+
+
 async def test_killing_an_engine_under_load_fails_no_request(make_engine):
     a, b = await make_engine(), await make_engine()
     async with Router([a.url, b.url], config(health_interval=0.25)) as router:

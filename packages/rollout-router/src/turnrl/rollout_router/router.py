@@ -26,6 +26,7 @@ while requests run; per-engine metrics count requests, errors, tokens and latenc
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,8 @@ from turnrl.rollout_router.protocol import (
     NoEngineAvailableError,
     SamplingParams,
 )
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -450,18 +453,30 @@ class Router:
         now = time.monotonic()
         states = [e for e in self._engines.values() if not e.removed]
         due = [e for e in states if e.circuit == CLOSED or (self._usable(e, now) and not e.probing)]
-        results = await asyncio.gather(*(e.client.health(self.config.health_timeout) for e in due))
+        results = await asyncio.gather(
+            *(e.client.health(self.config.health_timeout) for e in due), return_exceptions=True
+        )
         for e, ok in zip(due, results, strict=True):
-            if ok:
+            if ok is True:
                 self._success(e)
+            elif isinstance(ok, Exception):  # an error the client did not expect: a failure
+                self._failure(e, EngineUnavailableError(f"{e.url}/health raised {ok!r}"))
+            elif isinstance(ok, BaseException):
+                raise ok
             else:
                 self._failure(e, EngineUnavailableError(f"{e.url}/health failed"))
         self._notify()
 
     async def _health_loop(self) -> None:
+        """Check every ``health_interval`` seconds until closed; an unexpected error is
+        logged and the loop goes on (a loop that ended would leave dead engines in rotation
+        until a request found them)."""
         while True:
             await asyncio.sleep(self.config.health_interval)
-            await self.check_health()
+            try:
+                await self.check_health()
+            except Exception:
+                logger.exception("router health check failed; the next one runs as planned")
 
     async def start(self) -> Router:
         """Start the background health loop (no-op when ``health_interval`` is 0)."""
