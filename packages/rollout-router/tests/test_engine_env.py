@@ -68,6 +68,16 @@ def test_gpu_and_npu_install_from_pinned_commits():
     assert engine_env.install_env("gpu") == {"VLLM_USE_PRECOMPILED": "1"}
 
 
+def test_every_install_compiles_bytecode():
+    commands = [
+        cmd
+        for device in ("cpu", "gpu", "npu")
+        for cmd in install_commands(device, Path("p"), Path("o"))
+    ]
+    assert len(commands) == 4
+    assert all("--compile-bytecode" in cmd for cmd in commands)
+
+
 def test_unknown_device_is_rejected():
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         install_commands("tpu", Path("p"), Path("o"))
