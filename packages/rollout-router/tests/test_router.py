@@ -193,6 +193,31 @@ async def test_a_health_check_that_raises_counts_as_a_failure_and_the_loop_goes_
         assert router.errors_total() > errors and router.engine(b.url).circuit == "closed"
 
 
+async def test_the_health_loop_outlives_an_error_of_the_check_itself(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+):
+    """An error outside any one engine's check (a bug in ``check_health``) is logged and
+    the next check runs as planned."""
+    a = await make_engine()
+    async with Router([a.url], config(health_interval=0.02)) as router:
+        calls = 0
+        real = router.check_health
+
+        async def check_health() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise KeyError("an engine removed mid-check")
+            await real()
+
+        monkeypatch.setattr(router, "check_health", check_health)
+        start = time.monotonic()
+        while calls < 3:
+            assert time.monotonic() - start < 2.0, "the health loop stopped after the error"
+            await asyncio.sleep(0.02)
+        assert router._health_task is not None and not router._health_task.done()
+
+
 async def test_killing_an_engine_under_load_fails_no_request(make_engine):
     a, b = await make_engine(), await make_engine()
     async with Router([a.url, b.url], config(health_interval=0.25)) as router:

@@ -142,7 +142,10 @@ class DiskWeightSync:
             if isinstance(result, EngineUnavailableError):
                 lost.append(url)
                 logger.warning(
-                    "engine %s left the run at weight version %d: %s", url, version, result
+                    "engine %s could not be reached to load weight version %d: %s",
+                    url,
+                    version,
+                    result,
                 )
             elif isinstance(result, BaseException):
                 raise result
