@@ -86,7 +86,7 @@ def test_ray_loop_with_a_vllm_engine_serves_the_trained_weights(tmp_path: Path) 
         max_tokens=4, ignore_eos=True, allowed_token_ids=list(golden.CANDIDATES)
     )
     rollouts: list[list[golden.ToySample]] = []
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         with RayGRPORun(
             PlacementConfig(accelerator="CPU"),

@@ -236,3 +236,25 @@ def test_shutdown_after_ray_is_gone_starts_no_new_ray(cluster: Cluster) -> None:
         assert placement.pg is None and placement.engines == [] and placement.engine_urls == []
     finally:
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+
+
+def test_a_run_starts_its_own_ray_beside_another_one_on_the_machine(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another Ray runs on this machine (the fixture's cluster: the latest one started here,
+    as after a user's ``ray start``) and ``RAY_ADDRESS`` is unset: the run starts a Ray of
+    its own instead of joining that one (where ``ray.init`` refuses ``num_cpus``), and stops
+    only its own."""
+    from turnrl.grpo_core.recipe.cluster import ray_run
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    other = ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    try:
+        with ray_run(PlacementConfig(accelerator="CPU")) as job:
+            assert ray.get_runtime_context().gcs_address != other
+            assert ray.cluster_resources()["CPU"] == job.placement.plan.num_bundles
+        assert not ray.is_initialized()
+    finally:
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    assert ray.get_runtime_context().gcs_address == other  # the other Ray is still up

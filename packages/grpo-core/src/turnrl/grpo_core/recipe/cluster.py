@@ -40,8 +40,9 @@ def ray_run(
     (``job.start_trainers``), e.g. once an SFT stage has written their model. Everything
     it started is stopped at exit.
 
-    Connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray sized to the
-    placement (one CPU per bundle) and stops it after.
+    Connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray of its own sized to
+    the placement (one CPU per bundle), whatever other Ray runs on the machine, and stops it
+    after.
 
     Args:
         placement: Trainer ranks and engines, and whether they share devices.
@@ -68,7 +69,12 @@ def ray_run(
             # which would then lose every core to the app's own process (train steps +50%).
             os.environ.setdefault("RAY_worker_niceness", "0")
             bundles = plan_placement(placement).num_bundles
-            ray.init(num_cpus=bundles, include_dashboard=False, log_to_driver=False)
+            # "local": a new Ray of its own even where another runs on this machine (a
+            # `ray start`, or a test's cluster): without it ray.init connects to the latest
+            # one started here, and refuses num_cpus there.
+            ray.init(
+                address="local", num_cpus=bundles, include_dashboard=False, log_to_driver=False
+            )
     threads = torch_threads or os.cpu_count() or 1
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     job = RayGRPORun(placement, None, launch, env=env, ready_timeout_s=ready_timeout_s)
