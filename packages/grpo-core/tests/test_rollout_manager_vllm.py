@@ -114,7 +114,7 @@ async def _settled(client: EngineClient, every: float) -> dict[str, int]:
 
 
 async def _step_with_b_mid_stream(
-    manager: RolloutManager, victim: EngineServer, b: EngineClient
+    manager: RolloutManager, router: Router, victim: EngineServer, b: EngineClient
 ) -> asyncio.Task[Any]:
     """A step of 4 groups of 2, returned with B's engine processes stopped (SIGSTOP) while
     this client holds an unfinished stream from B that has tokens.
@@ -122,38 +122,58 @@ async def _step_with_b_mid_stream(
     Waiting for B's tokens to show up is not enough: on a loaded 2-core machine a
     1,000-token stream can reach this client whole in its last chunk (seen in several
     engine-cpu runs). So while requests are on their way to B, its engine processes run in
-    0.05 s slices between stops, its API server running on and sending what they made. A
-    slice can run long on a loaded machine (this process waits for the CPU too): when B
-    has finished what it had, the stepping goes on with its next requests, or a new step."""
+    slices between stops, its API server running on and sending what they made. A slice
+    after which nothing new was read is followed by one twice as long (up to
+    ``MAX_SLICE_S``: at B's ~400 tokens/s a sequence cannot finish its 1,000 tokens in
+    one), so that B streams before its requests fail (seen: nothing read after slices of
+    0.05, 0.1 and 0.2 s, then B's requests ended and the step finished on A). A
+    slice can run long there (this process waits for the CPU too): when B has finished
+    what it had, the stepping goes on with its next requests, or a new step once B is back
+    in rotation (requests that failed on it open its circuit)."""
     assert victim.process is not None
     engine = descendants(victim.process.pid)
     assert engine, "B's API server has no engine process below it"
-    step, steps, stopped = None, 0, False
+    step, steps, stopped, length = None, 0, False, FIRST_SLICE_S
+    slices: list[float] = []  # this step's
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if step is None or step.done():
             if step is not None:
                 step.result()  # a failed step fails the test
-                print(f"step {steps} ended before B was seen mid-stream; another one")
+                print(f"step {steps} ended before B was seen mid-stream (slices {slices})")
             assert steps < 3, f"B was not seen mid-stream in {steps} steps"
+            if stopped:
+                _signal(engine, signal.SIGCONT)
+                stopped, length = False, FIRST_SLICE_S
+            # B's requests failing (read timeout) opened its circuit: a step now would run
+            # on A alone, so wait until B is back in rotation (its health checks pass)
+            while router.engine(victim.url).circuit != "closed" and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             step, steps = asyncio.create_task(manager.generate([0, 1, 2, 3], 2)), steps + 1
+            slices = []
         if not b.in_flight():  # nothing on its way to B (yet, or any more): let it run
             if stopped:
                 _signal(engine, signal.SIGCONT)
-                stopped = False
+                stopped, length = False, FIRST_SLICE_S
             await asyncio.sleep(0.005)
             continue
-        if stopped:  # a starved API server sends late: 1 s without news ends the wait
-            await _settled(b, every=1.0)
+        if stopped:  # a starved API server sends late: 0.5 s without news ends the wait
+            await _settled(b, every=0.5)
             if any(tokens := b.in_flight_tokens().values()):
-                print(f"B stopped mid-stream, tokens read per request: {sorted(tokens)}")
+                print(f"B stopped mid-stream after slices {slices}, tokens: {sorted(tokens)}")
                 return step
             # timed in a thread: this event loop can be late by a second on a loaded machine
-            await asyncio.to_thread(_run_slice, engine, 0.05)
+            await asyncio.to_thread(_run_slice, engine, length)
+            slices.append(length)
+            length = min(2 * length, MAX_SLICE_S)
         else:
             _signal(engine, signal.SIGSTOP)
             stopped = True
     pytest.fail("B was not seen mid-stream in 300 s")
+
+
+FIRST_SLICE_S, MAX_SLICE_S = 0.1, 0.4
+"""How long B's engine first runs between stops, and at most (see above)."""
 
 
 def _run_slice(pids: list[int], seconds: float) -> None:
@@ -198,7 +218,7 @@ async def test_a_hung_engine_times_out_and_its_episodes_rerun_on_the_other(
         )
         b = router.engine(victim.url).client
         try:
-            step = await _step_with_b_mid_stream(manager, victim, b)
+            step = await _step_with_b_mid_stream(manager, router, victim, b)
             os.killpg(group, signal.SIGSTOP)  # the API server too: B now answers nothing
             began = time.monotonic()
             # What B sent before it stopped may still be on its way (socket buffers, read
@@ -241,7 +261,7 @@ async def test_killing_an_engine_mid_rollout_completes_the_step_on_the_other(
         # B's engine processes are stopped (it generates nothing more); its API server
         # sends on what they made, read here before B is crashed. The episodes still in
         # flight at the crash are those that must end on A.
-        step = await _step_with_b_mid_stream(manager, victim, b)
+        step = await _step_with_b_mid_stream(manager, router, victim, b)
         assert victim.process is not None
         seen = await _settled(b, every=1.0)
         held = {sid for sid in started if b.in_flight(sid)}  # one request per episode
