@@ -78,12 +78,6 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
     assert two == conversation[: len(two)] and two[-1]["role"] == "assistant"
     assert sum(m["role"] == "assistant" for m in two) == 2
     assert prefix(conversation, 99) == conversation
-    with pytest.raises(ValueError, match="sft_prefix"):
-        TauSettings(sft_prefix_turns=0)
-    with pytest.raises(ValueError, match="sft_prefix"):
-        TauSettings(sft_prefix_steps=-1)
-    with pytest.raises(ValueError, match="sft_prefix_loss"):
-        TauSettings(sft_prefix_loss=-0.1)
 
 
 def test_the_default_sft_on_other_stores_is_for_the_synthetic_domain_only() -> None:

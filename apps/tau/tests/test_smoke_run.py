@@ -327,3 +327,53 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
         assert step["rollout/groups_kept"] == step["rollout/groups_submitted"] == 4, step
         assert step["rollout/failed_frac"] == 0.0 and step["train/skipped"] == 0.0, step
         assert step["train/mismatch_abs_diff"] < 0.01, step  # the engines serve the weights
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_smoke_run_trains_on_when_its_only_engine_dies(tmp_path: Path) -> None:
+    """One engine on the Ray runner (as the CPU default), SIGKILLed (its process group)
+    once step 1 is logged: the run does not end. Where the kill lands decides the path —
+    step 2's rollout fails on it and runs again once the engine is started again in place
+    and reloaded with version 1, or the sync finds no engine and waits for the same
+    restart — and either way the steps after it train on whole groups sampled from the
+    trainer's weights (the restarted engine's log-probs equal the trainer's). Then Ctrl-C:
+    exit 130, the resume hint, nothing left running."""
+    run_dir = tmp_path / "run"
+    args = ["--smoke", "--num-rollout", "300", "--router-read-timeout", "8"]
+    app = _start_app([*args, "--run-dir", str(run_dir)], tmp_path)
+    try:
+        deadline = time.monotonic() + 840
+        while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
+            time.sleep(0.05)
+        servers = _engine_servers(app.pid)
+        assert len(servers) == 1 and app.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        ((port, server),) = servers.items()
+        os.killpg(os.getpgid(server), signal.SIGKILL)
+        killed = len(_rl_steps(run_dir))
+        while time.monotonic() < deadline and app.poll() is None:
+            if len(_rl_steps(run_dir)) >= killed + 3:
+                break  # three steps since the kill: the restarted engine served two
+            time.sleep(0.5)
+        assert app.poll() is None, (tmp_path / "out").read_text()[-3000:]
+        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
+        os.kill(tau, signal.SIGINT)
+        app.wait(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.terminate()
+            app.wait(timeout=60)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 130, out[-3000:] + err[-3000:]
+    assert "left running" not in err, err[-3000:]
+    url, said = f"http://127.0.0.1:{port}", " ".join(out.split())
+    rerun = f"the rollout failed with this engine down: starting {url} again (restart 1)"
+    waited = f"no engine took the weights: starting {url} again (restart 1)"
+    assert (rerun in said) != (waited in said), out[-3000:]
+    steps = _rl_steps(run_dir)
+    assert len(steps) >= killed + 3, out[-3000:]
+    for step in steps:
+        assert step["perf/sync_engines"] == 1.0, step
+        assert step["rollout/groups_kept"] == step["rollout/groups_submitted"] == 4, step
+        assert step["rollout/failed_frac"] == 0.0 and step["train/skipped"] == 0.0, step
+        assert step["train/mismatch_abs_diff"] < 0.01, step  # the engine serves the weights

@@ -361,7 +361,7 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
 
     from rich.console import Console
 
-    from turnrl.grpo_core.recipe.driver import MAX_ENGINE_RESTARTS, _heal
+    from turnrl.grpo_core.recipe.driver import MAX_ENGINE_RESTARTS, heal_engines
     from turnrl.rollout_router.router import Router
 
     dead = _DeadEngine()
@@ -369,7 +369,7 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     out = io.StringIO()
     sync = DiskWeightSync([url], tmp_path)
     async with Router([url]) as router:
-        _heal(Console(file=out, width=200), sync, router, restart, tmp_path)
+        heal_engines(Console(file=out, width=200), sync, router, restart, tmp_path)
         try:
             assert (await sync.sync(_Exporter(), 1))["engines"] == 1.0
             assert served[0].version == "1" and sync.engine_urls == [url] and sync.lost == []
@@ -390,7 +390,7 @@ async def test_a_sync_that_reaches_no_engine_waits_for_them_to_start_again(
     fail.append("port taken")
     sync = DiskWeightSync([url], tmp_path / "b")
     async with Router([url]) as router:
-        _heal(Console(file=out, width=200), sync, router, restart, tmp_path)
+        heal_engines(Console(file=out, width=200), sync, router, restart, tmp_path)
         with pytest.raises(
             WeightSyncError, match=f"no engine took weight version 1: all 1 unreachable \\({url}\\)"
         ):
@@ -412,7 +412,7 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
     from rich.console import Console
 
     from turnrl.grpo_core.loop.rollout_manager import EpisodeFailedError
-    from turnrl.grpo_core.recipe.driver import _heal, _rerun_after
+    from turnrl.grpo_core.recipe.driver import _rerun_after, heal_engines
     from turnrl.rollout_router.router import Router
 
     dead = _DeadEngine()
@@ -431,7 +431,9 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
     sync = DiskWeightSync([url], tmp_path / "weights")
     async with Router([url]) as router:
         console = Console(file=out, width=200)
-        rollout = _rerun_after(_heal(console, sync, router, restart, policy), generate, console)
+        rollout = _rerun_after(
+            heal_engines(console, sync, router, restart, policy), generate, console
+        )
         try:
             assert await rollout(["a"], 2) == ["aa"] and calls == [2, 2]
             assert served[0].reloads == [str(policy)] and served[0].version == "0"
@@ -449,6 +451,54 @@ async def test_a_rollout_that_failed_with_every_engine_down_runs_again_once_one_
                 await rollout(["c"], 1)
             assert f"engine {url} did not start again: no free port" in out.getvalue()
         finally:
+            await dead.stop()
+
+
+async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The only engine dies during an evaluation: with the run's engine recovery set (as
+    ``recipe.stages`` sets it while the engines serve), ``rerun_engine_failures`` first
+    starts the engine again in place with the weights it served (the policy as version 0
+    before RL), then re-runs the episodes its death failed; when it cannot be started
+    again, no re-run is tried and the episodes stay failed (counted, not scored)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from turnrl.grpo_core.recipe.driver import heal_engines
+    from turnrl.grpo_core.recipe.evaluation import engine_recovery, rerun_engine_failures
+    from turnrl.rollout_router.client import EngineClient
+    from turnrl.rollout_router.router import Router
+
+    def episode(status: str, error: str = "") -> SimpleNamespace:
+        return SimpleNamespace(status=status, metadata={"error": error})
+
+    async def rerun(i: int) -> SimpleNamespace:  # served only while the engine answers
+        async with EngineClient(dead.url) as client:
+            up = await client.health(2.0)
+        return episode("completed") if up else episode("failed", "EngineUnavailableError: x")
+
+    dead, out, policy = _DeadEngine(), io.StringIO(), tmp_path / "sft"
+    policy.mkdir()
+    first = [episode("failed", "EngineUnavailableError: refused"), episode("completed")]
+    sync = DiskWeightSync([dead.url], tmp_path / "weights")
+    async with Router([dead.url]) as router:
+        recover = heal_engines(Console(file=out, width=200), sync, router, dead.restart, policy)
+        token = engine_recovery.set(recover)
+        try:
+            done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
+            assert [e.status for e in done] == ["completed", "completed"] and reruns == 1
+            assert dead.served[0].reloads == [str(policy)] and dead.served[0].version == "0"
+            assert f"starting {dead.url} again (restart 1)" in out.getvalue()
+            await dead.served.pop().stop()
+            dead.fail.append("no free port")
+            done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
+            assert done[0].status == "failed" and reruns == 0
+            assert f"engine {dead.url} did not start again: no free port" in out.getvalue()
+        finally:
+            engine_recovery.reset(token)
             await dead.stop()
 
 

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from turnrl.grpo_core.recipe.sft import LOSS_WINDOW, ChatPhase, SFTPhase, run_sft_stage
+from turnrl.grpo_core.recipe.sft import LOSS_WINDOW, SFTPhase, run_sft_stage
 from turnrl.grpo_core.training.sft import SFTStop, build_sft_example
 from turnrl.grpo_core.training.tiny_model import build_tiny_model, sample_chat
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
@@ -167,14 +167,20 @@ def test_train_sft_runs_the_configured_stage_and_exports_it(tiny: Path, tmp_path
         SFTStageConfig(lr_decay="linear")
     with pytest.raises(ValueError, match="--sft-probe-target"):
         SFTStageConfig(probe_target=2.0)
+    for bad in ({"prefix_steps": -1}, {"prefix_loss": -0.1}):
+        with pytest.raises(ValueError, match="--sft-prefix-steps and --sft-prefix-loss"):
+            SFTStageConfig(**bad)  # type: ignore[arg-type]
+    for bad in ({"prefix_turns": 0}, {"prefix_batch_size": 0}):
+        with pytest.raises(ValueError, match=r"prefix_turns and sft\.prefix_batch_size"):
+            SFTStageConfig(**bad)  # type: ignore[arg-type]
 
 
 def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
     tiny: Path, tmp_path: Path
 ) -> None:
     """``train_sft_on_chats``: conversations rendered with the model's template, cut at
-    ``parallel.seq_length`` tokens, the ``first`` phases before the main one, the run
-    described on the console."""
+    ``parallel.seq_length`` tokens, the ``sft.prefix_steps`` phase on their short prefixes
+    before the main one, the run described on the console."""
     from dataclasses import dataclass, field
 
     from turnrl.grpo_core.recipe.schema import ModelConfig, ParallelConfig
@@ -186,7 +192,9 @@ def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
         model: ModelConfig = field(default_factory=ModelConfig)
         parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(seq_length=48))
         sft: SFTStageConfig = field(
-            default_factory=lambda: SFTStageConfig(num_steps=2, global_batch_size=2, lr=1e-3)
+            default_factory=lambda: SFTStageConfig(
+                num_steps=2, global_batch_size=2, lr=1e-3, prefix_steps=3, prefix_batch_size=4
+            )
         )
 
     chats = [sample_chat(seed=s, num_turns=2) for s in range(4)]
@@ -198,7 +206,6 @@ def test_train_sft_on_chats_renders_cuts_and_runs_the_prefix_phase_first(
         chats,
         chats[:1],
         tmp_path / "sft",
-        first=[ChatPhase(3, [c[:3] for c in chats], 4)],
         console=Console(file=out, width=200),
         on_step=lambda step, m: tokens.append(m.get("sft/tokens", 0.0)),
     )

@@ -60,8 +60,6 @@ _APP_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--sft-extra-stores", "tau.sft_extra_stores", int, "other synthetic stores in the SFT data"),
     ("--no-sft-train-tasks", "tau.sft_train_tasks", OFF, "SFT on the extra stores only"),
     ("--sft-train-tasks", "tau.sft_train_tasks", ON, "the training tasks in the SFT data too"),
-    ("--sft-prefix-steps", "tau.sft_prefix_steps", int, "first SFT steps on short prefixes"),
-    ("--sft-prefix-loss", "tau.sft_prefix_loss", float, "end the prefix steps at this loss"),
     ("--no-policy-in-prompt", "tau.policy_in_prompt", OFF, "one-line system prompt"),
     ("--no-tools-in-prompt", "rollout.tools_in_prompt", OFF, "no tool schemas in the prompt"),
     ("--synthetic-num-tasks", "tau.synthetic_num_tasks", int, "synthetic tasks (train + held-out)"),

@@ -76,18 +76,6 @@ class TauSettings(TauTaskConfig):
     """The training tasks' own gold conversations join the SFT data; False (synthetic, with
     ``sft_extra_stores``): SFT sees only other stores, so RL's tasks are new to the model and
     it cannot lean on ids it memorised from them."""
-    sft_prefix_steps: int = 0
-    """SFT steps run first on short prefixes of the conversations (each cut after its
-    ``sft_prefix_turns``-th assistant turn), ``sft_prefix_batch_size`` at a time: a cheap
-    curriculum in which a model trained from scratch learns to copy ids from the user. With
-    ``sft_prefix_loss`` it is the most steps."""
-    sft_prefix_loss: float = 0.0
-    """End the prefix steps once their mean loss over the last 20 steps is at or below this
-    (0: run them all): when a small model learns to copy varies with its seed."""
-    sft_prefix_turns: int = 2
-    """Assistant turns kept in a prefix."""
-    sft_prefix_batch_size: int = 32
-    """Prefixes per SFT step."""
     eval_trials: int = 1
     """Trials per held-out task (pass^k for k up to this)."""
     eval_concurrency: int = 8
@@ -97,10 +85,6 @@ class TauSettings(TauTaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.sft_prefix_loss < 0:
-            raise ValueError(f"sft_prefix_loss must be >= 0, got {self.sft_prefix_loss}")
-        if self.sft_prefix_steps < 0 or self.sft_prefix_turns < 1 or self.sft_prefix_batch_size < 1:
-            raise ValueError("sft_prefix_steps must be >= 0, sft_prefix_turns and batch size >= 1")
         if self.sft_extra_stores < 0:
             raise ValueError(f"sft_extra_stores must be >= 0, got {self.sft_extra_stores}")
         if self.sft_extra_stores and self.domain != "synthetic":

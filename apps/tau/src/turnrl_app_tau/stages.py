@@ -1,8 +1,8 @@
 """What the tau app gives grpo-core's ``recipe.stages.run_stages``.
 
 - SFT data: every training task's gold conversation (``turnrl.tool_envs.tau_data``), with
-  other synthetic stores' and a curriculum of short prefixes first; the probe stop on a store
-  SFT never sees (synthetic) or the last training conversations.
+  other synthetic stores'; the probe stop on a store SFT never sees (synthetic) or the last
+  training conversations (the short-prefix curriculum first: the ``sft`` section's).
 - Engines: ``schema.engine_spec``; playing tau2 telecom's user they also parse tool calls.
 - While the engines serve: held-out evaluation (task reward, pass^k, shaped reward) and the
   rollout: episodes with the user simulator under grpo-core's ``RolloutManager`` (groups
@@ -23,7 +23,6 @@ from rich.console import Console
 from turnrl.grpo_core.loop import RolloutManager, RolloutManagerConfig, keep_rewards, load_function
 from turnrl.grpo_core.recipe import schema
 from turnrl.grpo_core.recipe.evaluation import evaluation_record, rerun_engine_failures
-from turnrl.grpo_core.recipe.sft import ChatPhase, chat_prefix
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.rollout_router.router import Router
@@ -131,12 +130,7 @@ class TauStages:
                 probe = store_conversations(t, t.sft_extra_stores + 1)[: sft.probe_size]
             else:  # the last training conversations, left out of SFT
                 chats, probe = chats[: -sft.probe_size], chats[-sft.probe_size :]
-        # A curriculum: the first turns of every conversation, then all of it.
-        prefixes = [chat_prefix(chat, t.sft_prefix_turns) for chat in chats]
-        first = [
-            ChatPhase(t.sft_prefix_steps, prefixes, t.sft_prefix_batch_size, t.sft_prefix_loss)
-        ]
-        return SFTData(chats, probe, self.tools, first if t.sft_prefix_steps else [])
+        return SFTData(chats, probe, self.tools)
 
     def engine_spec(self, model: Path) -> EngineSpec:
         return engine_spec(self.config, model)

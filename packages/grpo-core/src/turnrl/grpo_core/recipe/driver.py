@@ -256,6 +256,9 @@ class RLStage:
         self.console, self.total, self.label = console, total, label
         self.user_on_metrics = on_metrics
         self.bar: Progress | None = None
+        self.recover: Callable[[], Awaitable[bool]] | None = None
+        """Set by :func:`build_rl` where lost engines are started again: the engine
+        recovery of the stage's weight sync (``recipe.evaluation.engine_recovery``)."""
 
     def on_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """The loop's metrics hook: the caller's, then one step on the bar."""
@@ -381,9 +384,10 @@ async def build_rl(
     if isinstance(loop.weight_sync, DiskWeightSync):
         # An engine silent past the read timeout at a reload is hung: it leaves the run.
         loop.weight_sync.reload_timeout = run.config.engine.read_timeout
-        recover = _heal(run.console, loop.weight_sync, router, restart, policy)
+        recover = heal_engines(run.console, loop.weight_sync, router, restart, policy)
         if restart is not None:
             loop.generate = _rerun_after(recover, loop.generate, run.console)
+            stage.recover = recover
     return loop, stage
 
 
@@ -412,7 +416,7 @@ MAX_ENGINE_RESTARTS = 3
 """How many times the RL stage starts one lost engine again."""
 
 
-def _heal(
+def heal_engines(
     console: Console,
     sync: Any,
     router: Any,

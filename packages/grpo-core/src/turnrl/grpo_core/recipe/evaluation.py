@@ -5,7 +5,8 @@ and report each score with its standard error over items (tasks, problems: the s
 one item are correlated, so they count once), tau-bench's pass^k, and the change RL made,
 paired over the same items where both evaluations list them; an episode its engine failed
 (dead or hung, not the policy's doing) is run again (:func:`rerun_engine_failures`), as
-RL's rollout does, before it may count as failed. :class:`Phases` times the
+RL's rollout does, before it may count as failed; where the run can start a dead engine
+again (:data:`engine_recovery`), it does so first. :class:`Phases` times the
 run's phases on the console; :func:`render_run_curves` and :func:`write_summary` leave the
 run's PNG curves and ``summary.json``.
 """
@@ -19,6 +20,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -74,6 +76,14 @@ class Episode(Protocol):
 
 E = TypeVar("E", bound=Episode)
 
+engine_recovery: ContextVar[Callable[[], Awaitable[bool]] | None] = ContextVar(
+    "engine_recovery", default=None
+)
+"""Set by the run while its engines serve (``recipe.stages``): starts the engines that do
+not answer their health check again, with the weights they served; True when some engine
+serves. :func:`rerun_engine_failures` awaits it before each round of re-runs, so an
+evaluation survives the death of its only engine."""
+
 
 async def rerun_engine_failures(
     episodes: Sequence[E],
@@ -85,13 +95,20 @@ async def rerun_engine_failures(
     an engine error, not the policy's outcome) replaced by ``rerun(index)``, up to
     ``max_retries`` times, ``backoff`` seconds after each round (the router's circuit
     breaker meanwhile takes a dead engine out of rotation); returns them, in order, and the
-    number of re-runs. What still fails is left for :func:`evaluation_record` to count."""
+    number of re-runs. What still fails is left for :func:`evaluation_record` to count.
+
+    Before each round, :data:`engine_recovery` (when the run set it) starts dead engines
+    again; when it finds no engine serving, the rounds end there."""
     from turnrl.grpo_core.loop.rollout_manager import engine_failed  # the loop imports torch
 
     done, reruns = list(episodes), 0
     for _ in range(max_retries):
         failed = [i for i, episode in enumerate(done) if engine_failed(episode)]
         if not failed:
+            break
+        recover = engine_recovery.get()
+        if recover is not None and not await recover():
+            log.warning("no engine serves: %d held-out episode(s) stay failed", len(failed))
             break
         log.warning(
             "%d held-out episode(s) failed on their engine; running them again", len(failed)

@@ -71,6 +71,19 @@ class SFTStageConfig:
     max_seconds: float = 0.0
     """Stop SFT after this many seconds even if the probe target is not met (0: no bound)
     [--sft-max-seconds]."""
+    prefix_steps: int = 0
+    """Steps run first, without probes, on short prefixes of the conversations (each cut
+    after its ``prefix_turns``-th assistant turn, :func:`chat_prefix`), ``prefix_batch_size``
+    at a time: a cheap curriculum in which a model trained from scratch learns to copy ids
+    from the conversation; with ``prefix_loss``, the most such steps [--sft-prefix-steps]."""
+    prefix_loss: float = 0.0
+    """End the prefix steps once their mean loss over the last :data:`LOSS_WINDOW` steps is
+    at or below this (0: run them all; when a small model learns to copy varies with its
+    seed) [--sft-prefix-loss]."""
+    prefix_turns: int = 2
+    """Assistant turns kept in a prefix."""
+    prefix_batch_size: int = 32
+    """Prefixes per step."""
 
     def __post_init__(self) -> None:
         if self.lr_decay not in LR_DECAYS:
@@ -83,6 +96,10 @@ class SFTStageConfig:
             raise ValueError("--sft-steps and sft.warmup_steps must be >= 0")
         if self.global_batch_size < 1 or self.micro_batch_size < 1:
             raise ValueError("sft.global_batch_size and sft.micro_batch_size must be >= 1")
+        if self.prefix_steps < 0 or self.prefix_loss < 0:
+            raise ValueError("--sft-prefix-steps and --sft-prefix-loss must be >= 0")
+        if self.prefix_turns < 1 or self.prefix_batch_size < 1:
+            raise ValueError("sft.prefix_turns and sft.prefix_batch_size must be >= 1")
 
     @property
     def runs(self) -> bool:
@@ -104,6 +121,8 @@ SFT_FLAGS: list[Flag] = [
     ),
     ("--sft-probe-interval", "sft.probe_interval", int, "SFT steps between probes"),
     ("--sft-max-seconds", "sft.max_seconds", float, "time bound of SFT (0: none)"),
+    ("--sft-prefix-steps", "sft.prefix_steps", int, "first SFT steps on short prefixes"),
+    ("--sft-prefix-loss", "sft.prefix_loss", float, "end the prefix steps at this loss"),
 ]
 """The flags of the ``sft`` section."""
 
@@ -133,23 +152,9 @@ Chat = list[dict[str, Any]]
 """OpenAI-style messages of one conversation."""
 
 
-@dataclass
-class ChatPhase:
-    """A phase of :func:`train_sft_on_chats` before its main one (e.g. short prefixes)."""
-
-    steps: int
-    """Its most steps."""
-    chats: Sequence[Chat]
-    """Its conversations."""
-    batch_size: int
-    """Conversations per step."""
-    stop_loss: float = 0.0
-    """:attr:`SFTPhase.stop_loss`."""
-
-
 def chat_prefix(chat: Chat, turns: int) -> Chat:
     """``chat`` cut right after its ``turns``-th assistant message (all of it if fewer): the
-    short prefixes of a curriculum :class:`ChatPhase`."""
+    short prefixes of the curriculum ``SFTStageConfig.prefix_steps`` describes."""
     seen = 0
     for index, message in enumerate(chat):
         seen += message["role"] == "assistant"
@@ -369,14 +374,13 @@ def train_sft_on_chats(
     out: Path,
     *,
     tools: list[dict[str, Any]] | None = None,
-    first: Sequence[ChatPhase] = (),
     console: Console | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """:func:`train_sft` on conversations: each is rendered with ``base``'s chat template
     (``tools`` in its prompt), cut at ``config.parallel.seq_length`` tokens, loss on the
-    assistant's tokens only. The ``first`` phases run before the main one, without probes
-    (e.g. a curriculum of short prefixes, ended by its loss)."""
+    assistant's tokens only. With ``config.sft.prefix_steps``, a phase on the conversations'
+    short prefixes runs first, without probes (a curriculum, ended by its loss)."""
     from transformers import AutoTokenizer
 
     from turnrl.grpo_core.training.sft import build_sft_example
@@ -387,10 +391,12 @@ def train_sft_on_chats(
     def examples(items: Sequence[Chat]) -> list[SFTExample]:
         return [build_sft_example(tok, chat, tools, max_length=length) for chat in items]
 
-    phases = [
-        SFTPhase(p.steps, examples(p.chats), p.batch_size, probe=False, stop_loss=p.stop_loss)
-        for p in first
-    ]
+    sft, phases = config.sft, []
+    if sft.prefix_steps:
+        prefixes = examples([chat_prefix(chat, sft.prefix_turns) for chat in chats])
+        phases.append(
+            SFTPhase(sft.prefix_steps, prefixes, sft.prefix_batch_size, False, sft.prefix_loss)
+        )
     main = examples(chats)
     if console is not None and main:
         tokens = sum(len(e.input_ids) for e in main) / len(main)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from turnrl.grpo_core.recipe.sft import SFT_DONE, Chat, ChatPhase
+from turnrl.grpo_core.recipe.sft import SFT_DONE, Chat
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.loop.loop import GRPOLoop
@@ -49,8 +49,6 @@ class SFTData:
     """Conversations SFT never trains on, for its probe stop."""
     tools: list[dict[str, Any]] | None = None
     """Tool schemas in the prompt."""
-    first: Sequence[ChatPhase] = ()
-    """Phases before the main one (e.g. short prefixes)."""
 
 
 @dataclass
@@ -147,7 +145,6 @@ def sft_stage(run: Run[Any], app: App, base: Path) -> tuple[Path, dict[str, Any]
         data.probe,
         done.parent,
         tools=data.tools,
-        first=data.first,
         console=run.console,
         on_step=lambda step, metrics: run.logger(step, metrics, phase="sft"),
     )
@@ -215,8 +212,9 @@ async def _serve(
 ) -> None:
     """Evaluation, RL, evaluation over the running engines (filled into ``result``)."""
     from turnrl.grpo_core.recipe import schema
-    from turnrl.grpo_core.recipe.driver import build_rl
-    from turnrl.grpo_core.recipe.evaluation import record_scalars
+    from turnrl.grpo_core.recipe.driver import build_rl, heal_engines
+    from turnrl.grpo_core.recipe.evaluation import engine_recovery, record_scalars
+    from turnrl.grpo_core.weight_sync.disk import DiskWeightSync
     from turnrl.rollout_router.router import Router
 
     config, phases = run.config, run.phases
@@ -224,6 +222,10 @@ async def _serve(
         Router(result.urls, schema.router_config(config)) as router,
         app.serving(result.policy, result.urls, router) as serving,
     ):
+        if restart is not None:  # an engine dead in an evaluation before RL is started
+            # again with the policy (a sync that synced nothing reloads it as version 0)
+            unsynced = DiskWeightSync(result.urls, run.folder / "weights")
+            engine_recovery.set(heal_engines(run.console, unsynced, router, restart, result.policy))
 
         async def evaluated(label: str, step: int) -> dict[str, Any]:
             with phases(label):
@@ -267,6 +269,7 @@ async def _serve(
             )
             if rollout.on_loop is not None:
                 rollout.on_loop(loop)
+            engine_recovery.set(stage.recover)  # from now on, engines get the synced weights
             result.history = await stage.run(loop)
             loop.trainer.export_hf(run.folder / "model" / "rl")
         result.after = await evaluated("eval after RL", loop.step)
