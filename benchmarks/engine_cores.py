@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -59,6 +61,7 @@ async def measure(spec: EngineSpec, args: argparse.Namespace, log_dir: Path) -> 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="engine-cores-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the model, engine logs
     model = build_tiny_model(work / "model")
     base = EngineSpec(model=str(model), served_model_name="tiny", max_model_len=4096)
     split = with_own_cores(base)

@@ -23,9 +23,11 @@ machine::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "`python -m compileall -q <its site-packages>` first"
         )
     work = Path(tempfile.mkdtemp(prefix="engine-start-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the model, engine logs
     model = build_tiny_model(work / "model")
     cache = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(work / "pyc")}
     written = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
