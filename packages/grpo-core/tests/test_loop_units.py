@@ -482,6 +482,7 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
 
     dead, out, policy = _DeadEngine(), io.StringIO(), tmp_path / "sft"
     policy.mkdir()
+    (policy / "model.safetensors").write_bytes(b"")  # the engine stand-in reads nothing
     first = [episode("failed", "EngineUnavailableError: refused"), episode("completed")]
     sync = DiskWeightSync([dead.url], tmp_path / "weights")
     async with Router([dead.url]) as router:
