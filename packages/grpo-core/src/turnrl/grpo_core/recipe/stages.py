@@ -222,10 +222,12 @@ async def _serve(
         Router(result.urls, schema.router_config(config)) as router,
         app.serving(result.policy, result.urls, router) as serving,
     ):
+        restarts: dict[str, int] = {}  # each engine's, over the run
         if restart is not None:  # an engine dead in an evaluation before RL is started
             # again with the policy (a sync that synced nothing reloads it as version 0)
             unsynced = DiskWeightSync(result.urls, run.folder / "weights")
-            engine_recovery.set(heal_engines(run.console, unsynced, router, restart, result.policy))
+            recover = heal_engines(run.console, unsynced, router, restart, result.policy, restarts)
+            engine_recovery.set(functools.partial(recover, "the evaluation"))
 
         async def evaluated(label: str, step: int) -> dict[str, Any]:
             with phases(label):
@@ -266,10 +268,14 @@ async def _serve(
                 evaluate=during_rl,
                 on_step=rollout.on_step,
                 restart=restart,
+                restarts=restarts,
             )
             if rollout.on_loop is not None:
                 rollout.on_loop(loop)
-            engine_recovery.set(stage.recover)  # from now on, engines get the synced weights
+            # From now on a restarted engine gets the synced weights (or, with a sync that
+            # cannot heal, the evaluation's re-runs find it dead and stop).
+            heal = stage.recover
+            engine_recovery.set(heal and functools.partial(heal, "the evaluation"))
             result.history = await stage.run(loop)
             loop.trainer.export_hf(run.folder / "model" / "rl")
         result.after = await evaluated("eval after RL", loop.step)
