@@ -462,6 +462,7 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
     starts the engine again in place with the weights it served (the policy as version 0
     before RL), then re-runs the episodes its death failed; when it cannot be started
     again, no re-run is tried and the episodes stay failed (counted, not scored)."""
+    import functools
     import io
     from types import SimpleNamespace
 
@@ -486,13 +487,15 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
     first = [episode("failed", "EngineUnavailableError: refused"), episode("completed")]
     sync = DiskWeightSync([dead.url], tmp_path / "weights")
     async with Router([dead.url]) as router:
-        recover = heal_engines(Console(file=out, width=200), sync, router, dead.restart, policy)
-        token = engine_recovery.set(recover)
+        console, restarts = Console(file=out, width=200), {dead.url: 1}  # one in RL, say
+        recover = heal_engines(console, sync, router, dead.restart, policy, restarts)
+        token = engine_recovery.set(functools.partial(recover, "the evaluation"))
         try:
             done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
             assert [e.status for e in done] == ["completed", "completed"] and reruns == 1
             assert dead.served[0].reloads == [str(policy)] and dead.served[0].version == "0"
-            assert f"starting {dead.url} again (restart 1)" in out.getvalue()
+            said = f"the evaluation failed with this engine down: starting {dead.url} again"
+            assert f"{said} (restart 2)" in out.getvalue() and restarts == {dead.url: 2}
             await dead.served.pop().stop()
             dead.fail.append("no free port")
             done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
