@@ -78,6 +78,10 @@ def test_prefix_cuts_after_the_nth_assistant_turn() -> None:
     assert two == conversation[: len(two)] and two[-1]["role"] == "assistant"
     assert sum(m["role"] == "assistant" for m in two) == 2
     assert prefix(conversation, 99) == conversation
+    # The curriculum is grpo-core's sft section's: the CPU default runs it, the flags set it.
+    assert preset("cpu-default").sft.prefix_steps > 0 and preset("cpu-default").sft.prefix_loss
+    sft = resolve(["--sft-prefix-steps", "7", "--sft-prefix-loss", "0.5"], {}).config.sft
+    assert (sft.prefix_steps, sft.prefix_loss) == (7, 0.5)
 
 
 def test_the_default_sft_on_other_stores_is_for_the_synthetic_domain_only() -> None:

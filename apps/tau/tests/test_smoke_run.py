@@ -139,8 +139,11 @@ def _app_running(args: list[str], tmp_path: Path) -> Iterator[subprocess.Popen[b
         yield app
     finally:
         if app.poll() is None:
-            app.terminate()
-            app.wait(timeout=60)
+            app.terminate()  # the supervisor stops what the app started
+            try:
+                app.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                app.kill()
 
 
 def _ctrl_c(app: subprocess.Popen[bytes], tmp_path: Path, run_dir: Path, why: str = "") -> str:
@@ -353,6 +356,7 @@ def test_smoke_run_survives_its_only_engine_killed_in_an_evaluation_and_in_rl(
         def kill_the_engine_once(ready: Callable[[], Any]) -> int:
             while time.monotonic() < deadline and app.poll() is None and not ready():
                 time.sleep(0.05)
+            assert ready(), (tmp_path / "out").read_text()[-3000:]
             servers = _engine_servers(app.pid)
             assert len(servers) == 1 and app.poll() is None, (tmp_path / "out").read_text()
             ((port, server),) = servers.items()

@@ -461,8 +461,8 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
     ``recipe.stages`` sets it while the engines serve), ``rerun_engine_failures`` first
     starts the engine again in place with the weights it served (the policy as version 0
     before RL), then re-runs the episodes its death failed; when it cannot be started
-    again, no re-run is tried and the episodes stay failed (counted, not scored)."""
-    import functools
+    again, or the recovery itself fails, no re-run is tried and the episodes stay failed
+    (counted, not scored); while another engine serves, nothing is restarted."""
     import io
     from types import SimpleNamespace
 
@@ -470,6 +470,7 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
 
     from turnrl.grpo_core.recipe.driver import heal_engines
     from turnrl.grpo_core.recipe.evaluation import engine_recovery, rerun_engine_failures
+    from turnrl.grpo_core.recipe.stages import _for_evaluations
     from turnrl.rollout_router.client import EngineClient
     from turnrl.rollout_router.router import Router
 
@@ -481,6 +482,9 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
             up = await client.health(2.0)
         return episode("completed") if up else episode("failed", "EngineUnavailableError: x")
 
+    async def served_elsewhere(i: int) -> SimpleNamespace:
+        return episode("completed")
+
     dead, out, policy = _DeadEngine(), io.StringIO(), tmp_path / "sft"
     policy.mkdir()
     (policy / "model.safetensors").write_bytes(b"")  # the engine stand-in reads nothing
@@ -489,7 +493,7 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
     async with Router([dead.url]) as router:
         console, restarts = Console(file=out, width=200), {dead.url: 1}  # one in RL, say
         recover = heal_engines(console, sync, router, dead.restart, policy, restarts)
-        token = engine_recovery.set(functools.partial(recover, "the evaluation"))
+        token = engine_recovery.set(_for_evaluations(recover))
         try:
             done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
             assert [e.status for e in done] == ["completed", "completed"] and reruns == 1
@@ -501,9 +505,28 @@ async def test_an_evaluation_whose_only_engine_died_reruns_its_episodes_once_it_
             done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
             assert done[0].status == "failed" and reruns == 0
             assert f"engine {dead.url} did not start again: no free port" in out.getvalue()
+
+            async def broken() -> bool:
+                raise RuntimeError("engine reports weight version 3, not 2")
+
+            engine_recovery.set(broken)  # a recovery that fails: the episodes stay failed
+            done, reruns = await rerun_engine_failures(first, rerun, backoff=0.0)
+            assert done[0].status == "failed" and reruns == 0
         finally:
             engine_recovery.reset(token)
             await dead.stop()
+    # Another engine serves: nothing is restarted while the re-runs go to it.
+    alive, dead = await _WeightRoutes().start(), _DeadEngine()
+    sync = DiskWeightSync([alive.url, dead.url], tmp_path / "weights2")
+    async with Router([alive.url, dead.url]) as router:
+        recover = heal_engines(console, sync, router, dead.restart, policy, {})
+        token = engine_recovery.set(_for_evaluations(recover))
+        try:
+            done, reruns = await rerun_engine_failures(first, served_elsewhere, backoff=0.0)
+            assert reruns == 1 and done[0].status == "completed" and not dead.served
+        finally:
+            engine_recovery.reset(token)
+            await alive.stop()
 
 
 def test_algorithm_names_what_the_advantages_are() -> None:

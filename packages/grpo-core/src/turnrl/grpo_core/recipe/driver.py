@@ -435,11 +435,12 @@ def heal_engines(
     share).
 
     Returns:
-        ``recover(what="the rollout")``, for a rollout (or ``what`` else) that failed on
-        its engines: the sync's engines that do not answer their health check are started
-        again the same way and given the weights they served (the last synced version, else
-        ``policy`` as version 0); True when some engine serves (all answered, or one came
-        back), else False.
+        ``recover(what="the rollout", while_others_serve=True)``, for a rollout (or
+        ``what`` else) that failed on its engines: the sync's engines that do not answer
+        their health check are started again the same way (with ``while_others_serve``
+        False, only when none answers) and given the weights they served (the last synced
+        version, else ``policy`` as version 0); True when some engine serves (all answered,
+        or one came back), else False.
     """
     from turnrl.rollout_router.client import EngineClient
 
@@ -501,12 +502,14 @@ def heal_engines(
         async with EngineClient(url) as client:
             return await client.health(5.0)
 
-    async def recover(what: str = "the rollout") -> bool:
+    async def recover(what: str = "the rollout", while_others_serve: bool = True) -> bool:
         async with lock:
             answers = await asyncio.gather(*(healthy(url) for url in sync.engine_urls))
             dead = [url for url, ok in zip(sync.engine_urls, answers, strict=True) if not ok]
             if not dead or restart is None:
                 return not dead
+            if not while_others_serve and len(dead) < len(sync.engine_urls):
+                return True  # re-runs go to those that answer; the sync handles the others
             back = await restore(dead, f"{what} failed with this engine down")
             failed = await sync.reload_last(back, policy)
             serving = len(sync.engine_urls) - len(dead) + len(back) - len(failed)

@@ -82,7 +82,8 @@ engine_recovery: ContextVar[Callable[[], Awaitable[bool]] | None] = ContextVar(
 """Set by the run while its engines serve (``recipe.stages``): starts the engines that do
 not answer their health check again, with the weights they served; True when some engine
 serves. :func:`rerun_engine_failures` awaits it before each round of re-runs, so an
-evaluation survives the death of its only engine."""
+evaluation survives the death of its only engine (the engines' restarts while another one
+serves are the weight sync's business)."""
 
 
 async def rerun_engine_failures(
@@ -106,9 +107,7 @@ async def rerun_engine_failures(
         failed = [i for i, episode in enumerate(done) if engine_failed(episode)]
         if not failed:
             break
-        recover = engine_recovery.get()
-        if recover is not None and not await recover():
-            log.warning("no engine serves: %d held-out episode(s) stay failed", len(failed))
+        if not await _engines_serve(len(failed)):
             break
         log.warning(
             "%d held-out episode(s) failed on their engine; running them again", len(failed)
@@ -118,6 +117,21 @@ async def rerun_engine_failures(
             done[i] = episode
         reruns += len(failed)
     return done, reruns
+
+
+async def _engines_serve(failed: int) -> bool:
+    """Await :data:`engine_recovery` when set; False (and why, logged) when no engine
+    serves or the recovery itself failed."""
+    recover = engine_recovery.get()
+    try:
+        if recover is None or await recover():
+            return True
+        log.warning("no engine serves: %d held-out episode(s) stay failed", failed)
+    except Exception as exc:  # e.g. a restarted engine that reports another version
+        log.warning(
+            "starting the engines again failed (%s): %d episode(s) stay failed", exc, failed
+        )
+    return False
 
 
 def evaluation_record(

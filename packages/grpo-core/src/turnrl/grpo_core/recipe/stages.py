@@ -25,7 +25,7 @@ import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -201,6 +201,26 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
     return result
 
 
+@contextlib.asynccontextmanager
+async def _recovery_scope() -> AsyncIterator[None]:
+    """The evaluations' ``engine_recovery`` set inside, as it was at exit."""
+    from turnrl.grpo_core.recipe.evaluation import engine_recovery
+
+    token = engine_recovery.set(None)
+    try:
+        yield
+    finally:
+        engine_recovery.reset(token)
+
+
+def _for_evaluations(heal: Callable[..., Any] | None) -> Callable[[], Any] | None:
+    """``heal_engines``' recovery as the evaluations use it: it names the evaluation and
+    restarts engines only when none serves."""
+    if heal is None:
+        return None
+    return functools.partial(heal, "the evaluation", while_others_serve=False)
+
+
 async def _serve(
     run: Run[Any],
     app: App,
@@ -219,15 +239,16 @@ async def _serve(
 
     config, phases = run.config, run.phases
     async with (
+        _recovery_scope(),
         Router(result.urls, schema.router_config(config)) as router,
         app.serving(result.policy, result.urls, router) as serving,
     ):
         restarts: dict[str, int] = {}  # each engine's, over the run
-        if restart is not None:  # an engine dead in an evaluation before RL is started
+        if restart is not None:  # every engine dead in an evaluation before RL: started
             # again with the policy (a sync that synced nothing reloads it as version 0)
             unsynced = DiskWeightSync(result.urls, run.folder / "weights")
-            recover = heal_engines(run.console, unsynced, router, restart, result.policy, restarts)
-            engine_recovery.set(functools.partial(recover, "the evaluation"))
+            heal = heal_engines(run.console, unsynced, router, restart, result.policy, restarts)
+            engine_recovery.set(_for_evaluations(heal))
 
         async def evaluated(label: str, step: int) -> dict[str, Any]:
             with phases(label):
@@ -272,10 +293,9 @@ async def _serve(
             )
             if rollout.on_loop is not None:
                 rollout.on_loop(loop)
-            # From now on a restarted engine gets the synced weights (or, with a sync that
-            # cannot heal, the evaluation's re-runs find it dead and stop).
-            heal = stage.recover
-            engine_recovery.set(heal and functools.partial(heal, "the evaluation"))
+            # From now on a restarted engine gets the synced weights (a collective sync
+            # cannot take one back: the evaluation's re-runs then find it dead and stop).
+            engine_recovery.set(_for_evaluations(stage.recover))
             result.history = await stage.run(loop)
             loop.trainer.export_hf(run.folder / "model" / "rl")
         result.after = await evaluated("eval after RL", loop.step)
