@@ -153,7 +153,13 @@ def _ctrl_c(app: subprocess.Popen[bytes], tmp_path: Path, run_dir: Path, why: st
     (tau,) = descendants(app.pid)[:1]
     assert "apps/tau" in cmdline(tau)
     os.kill(tau, signal.SIGINT)
-    app.wait(timeout=300)
+    try:
+        app.wait(timeout=300)
+    except subprocess.TimeoutExpired:  # where is it? (the driver's faulthandler on SIGUSR1)
+        os.kill(tau, signal.SIGUSR1)
+        time.sleep(2)
+        err = (tmp_path / "err").read_text()
+        pytest.fail(f"{why}the app still runs 300 s after SIGINT; its stacks:\n{err[-6000:]}")
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert app.returncode == 130, why + out[-3000:] + err[-3000:]
     assert f"interrupted; continue with: uv run apps/tau --resume --run-dir {run_dir}" in err

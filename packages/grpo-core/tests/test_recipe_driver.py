@@ -355,6 +355,69 @@ def test_a_second_ctrl_c_stops_a_run_that_does_not_end_on_the_first(
     assert "--resume --run-dir runs/z" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("chained_sigint")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_python_swallows_still_stops_a_loop_that_checks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGINT handled while a ``__del__`` runs: Python drops the KeyboardInterrupt the
+    handler raises there (it only prints "Exception ignored in"), so the run's own loop
+    would compute on; one that calls ``raise_if_stop_requested`` between steps (as SFT's
+    does) stops at its next step (130)."""
+    from turnrl.npu_runtime.supervise import raise_if_stop_requested
+
+    class Dropped:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside __del__
+
+    steps: list[int] = []
+
+    async def run() -> None:
+        deadline = time.monotonic() + 30
+        Dropped()  # freed at once
+        while time.monotonic() < deadline:
+            raise_if_stop_requested()
+            steps.append(1)
+
+    started = time.monotonic()
+    assert run_main("demo", lambda default: ("runs/d", run())) == 130
+    assert time.monotonic() - started < 10, len(steps)
+    assert "--resume --run-dir runs/d" in capsys.readouterr().err
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on(tmp_path: Path) -> None:
+    """``kill -USR1`` of a run (e.g. one that seems stuck) prints where each thread is, on
+    stderr, and the run then ends as it would have (exit 0)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import asyncio, sys
+        from turnrl.grpo_core.recipe.driver import run_main
+
+        async def waiting_here():
+            print("ready", flush=True)
+            await asyncio.sleep(2)
+
+        sys.exit(run_main("demo", lambda default: (default, waiting_here())))
+        """
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stdout is not None and run.stdout.readline().strip() == "ready"
+    os.kill(run.pid, signal.SIGUSR1)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert "most recent call first" in err and "asyncio" in err, err
+
+
 def test_the_driver_imports_no_torch() -> None:
     import subprocess
     import sys

@@ -82,6 +82,34 @@ def test_the_stop_ends_the_stage_early(tiny: Path) -> None:
     assert result.steps == 1 and result.stop.startswith("time bound")
 
 
+def test_a_requested_stop_ends_the_stage_at_its_next_step(tiny: Path) -> None:
+    """A Ctrl-C the interpreter swallowed (``supervise.stop_requested`` set by the run's
+    handler) stops SFT before its next step, as KeyboardInterrupt."""
+    from turnrl.npu_runtime.supervise import stop_requested
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    examples = [build_sft_example(tok, sample_chat(seed=s, num_turns=1)) for s in range(2)]
+    lost: list[int] = []
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        lost.append(step)
+        stop_requested.set()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sft_stage(
+                _engine(tiny),
+                [SFTPhase(5, examples, 2)],
+                pad_id=tok.pad_token_id,
+                seed=0,
+                lr=lambda _: 1e-3,
+                on_step=on_step,
+            )
+    finally:
+        stop_requested.clear()
+    assert lost == [1]
+
+
 def test_a_phase_ends_at_its_stop_loss_and_the_next_one_runs(tiny: Path) -> None:
     """A phase's ``stop_loss`` ends it once the mean of its last ``LOSS_WINDOW`` losses is
     at or below it (its ``steps`` the most); one it never reaches runs every step."""

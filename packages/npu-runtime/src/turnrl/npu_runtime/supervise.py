@@ -472,6 +472,19 @@ _registry: dict[int, ManagedProcess] = {}
 _registry_lock = threading.RLock()
 _handlers_installed = False
 
+stop_requested = threading.Event()
+"""Set by a program's first Ctrl-C handler (``turnrl.grpo_core.recipe.driver``). Python
+drops an exception that a signal handler raises while a ``__del__`` method or a similar
+callback runs (it only prints "Exception ignored in ..."), so long synchronous loops call
+:func:`raise_if_stop_requested` between their steps: a Ctrl-C lost that way still stops
+them at the next step."""
+
+
+def raise_if_stop_requested() -> None:
+    """Raise KeyboardInterrupt when :data:`stop_requested` is set."""
+    if stop_requested.is_set():
+        raise KeyboardInterrupt
+
 
 def _register(proc: ManagedProcess) -> None:
     with _registry_lock:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import signal
 import sys
@@ -532,11 +533,16 @@ def run_main(
     from a worker thread installs ``turnrl.npu_runtime.supervise.install_signal_handlers``
     before calling this (only the main thread may set signal handlers).
 
+    A run that seems stuck can be asked where it is: ``kill -USR1 <pid>`` prints every
+    thread's Python stack to stderr (``faulthandler``), and the run goes on.
+
     Returns:
         0; 2 after ``error: ...`` on stderr for bad input (``ValueError``,
         ``FileNotFoundError``); 130 after Ctrl-C, with the ``--resume`` hint.
     """
     run_dir = None
+    if hasattr(signal, "SIGUSR1") and sys.__stderr__ is not None:  # the process's fd 2
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     try:
         prepared = prepare(default_run_dir(app))
         if prepared is None:
@@ -571,15 +577,19 @@ async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
     Returns:
         Whether Ctrl-C ended it.
     """
+    from turnrl.npu_runtime.supervise import stop_requested
+
     loop, main = asyncio.get_running_loop(), asyncio.current_task()
     assert main is not None
     pressed: list[float] = []
+    stop_requested.clear()
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if pressed and now - pressed[0] < CTRL_C_REPEAT_S:
             return
         pressed.append(now)
+        stop_requested.set()  # for loops that check it (a raise below can be swallowed)
         if len(pressed) > 1:
             raise KeyboardInterrupt
         print("Ctrl-C: stopping the run (Ctrl-C again to stop at once)", file=sys.stderr)
@@ -601,4 +611,5 @@ async def _cancelled_by_ctrl_c(work: Coroutine[Any, Any, Any]) -> bool:
         return True
     finally:
         signal.signal(signal.SIGINT, previous)
+        stop_requested.clear()  # answered: the run is over
     return False

@@ -33,6 +33,7 @@ from turnrl.grpo_core.training.sft import (
     run_sft,
     scheduled_lr,
 )
+from turnrl.npu_runtime.supervise import raise_if_stop_requested
 
 SFT_DONE = "sft.json"
 """Written into the SFT model folder once it is complete (:meth:`SFTResult.record`)."""
@@ -249,6 +250,7 @@ def run_sft_stage(
             config = SFTConfig(num_steps=1, global_batch_size=phase.batch_size, seed=seed)
             result.phase_steps.append(0)
             for step in range(1, phase.steps + 1):
+                raise_if_stop_requested()  # a Ctrl-C the interpreter swallowed
                 result.phase_steps[-1] = step
                 for group in trainer.optimizer.param_groups:
                     group["lr"] = lr(result.steps)
