@@ -94,7 +94,7 @@ async def timed_run(
         TorchEngineConfig(
             model_path=str(folder),
             optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0),
-            loss=ActorLossConfig(tis_cap=2.0),
+            loss=ActorLossConfig(use_tis=True),
             micro_batch_size=8,
             seed=0,
         )

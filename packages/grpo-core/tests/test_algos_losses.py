@@ -311,3 +311,27 @@ def test_actor_loss_config_refuses_unknown_names():
     assert (
         ActorLossConfig(loss_agg_mode="seq-mean-token-mean").loss_agg_mode == "seq-mean-token-mean"
     )
+
+
+def test_use_tis_weights_the_actor_loss_between_its_two_clips():
+    """slime's --use-tis / --tis-clip / --tis-clip-low: each token's loss times
+    clip(pi_train / pi_rollout, low, clip); without --use-tis the clips do nothing."""
+    old = torch.zeros(1, 3)
+    rollout = torch.log(torch.tensor([[0.25, 1.0, 4.0]]))  # raw weights 4, 1, 0.25
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 3)
+    config = ActorLossConfig(
+        dual_clip_c=None, use_tis=True, tis_clip=2.0, tis_clip_low=0.5, loss_agg_mode="token-mean"
+    )
+    out = actor_loss(config, old, old, adv, mask, rollout_logp=rollout)
+    assert float(out.loss) == pytest.approx(-(2.0 + 1.0 + 0.5) / 3)
+    assert float(out.metrics["tis_clip_frac"]) == pytest.approx(2 / 3)
+    off = ActorLossConfig(tis_clip=2.0, tis_clip_low=0.5)
+    assert off.tis_cap is None
+    assert float(actor_loss(off, old, old, adv, mask, rollout_logp=rollout).loss) == -1.0
+    for bad, message in (
+        ({"dual_clip_c": 1.0}, "--eps-clip-c"),
+        ({"tis_clip_low": 3.0}, "--tis-clip-low"),
+        ({"tis_clip": 0.0, "tis_clip_low": 0.0}, "--tis-clip"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ActorLossConfig(**bad)

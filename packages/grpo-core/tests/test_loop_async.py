@@ -132,7 +132,12 @@ def make_trainer(folder: Path, tis_cap: float | None = 2.0, lr: float = 1e-3) ->
         TorchEngineConfig(
             model_path=str(folder),
             optimizer=OptimizerConfig(lr=lr, weight_decay=0.0),
-            loss=ActorLossConfig(eps_clip=0.2, eps_clip_high=0.28, tis_cap=tis_cap),
+            loss=ActorLossConfig(
+                eps_clip=0.2,
+                eps_clip_high=0.28,
+                use_tis=tis_cap is not None,
+                tis_clip=tis_cap or 2.0,
+            ),
             micro_batch_size=8,
             seed=0,
         )
@@ -416,7 +421,7 @@ async def test_bad_hooks_and_step_counts_rejected(tiny_folder: Path) -> None:
 
 def test_missing_tis_cap_warns(tiny_folder: Path) -> None:
     engine = DelayedEngine(0.01)
-    with pytest.warns(UserWarning, match="tis_cap is None"):
+    with pytest.warns(UserWarning, match="use_tis is off"):
         AsyncGRPOLoop(
             make_config(1),
             make_trainer(tiny_folder, tis_cap=None),

@@ -141,7 +141,7 @@ def _multi_turn_loop(folder: Path, estimator: str, tis: bool) -> tuple[GRPOLoop,
         policy_loss="gspo" if estimator == "gspo" else "ppo",
         loss_agg_mode="seq-mean-token-sum-norm" if estimator == "dr_grpo" else "token-mean",
         norm_length=2 * TURN_LEN,
-        tis_cap=2.0 if tis else None,
+        use_tis=tis,
     )
     trainer = TorchEngine(
         TorchEngineConfig(

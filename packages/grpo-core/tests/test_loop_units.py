@@ -20,7 +20,8 @@ from turnrl.grpo_core.loop import (
     sample_advantages,
     split_batch,
 )
-from turnrl.grpo_core.loop.loop import logprob_mismatch
+from turnrl.grpo_core.loop.loop import GRPOLoop, logprob_mismatch
+from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.weight_sync import DiskWeightSync, WeightSyncError
 
 
@@ -103,6 +104,10 @@ def test_logprob_mismatch_averages_over_policy_tokens_only() -> None:
     metrics = logprob_mismatch(batch)
     assert metrics["train/mismatch_abs_diff"] == pytest.approx(0.5)
     assert metrics["train/mismatch_kl_k1"] == pytest.approx((0.0 + 0.5 - 1.0) / 3)
+    assert "train/ref_abs_diff" not in metrics  # no reference policy
+    batch.ref_logprobs = trainer - 0.25 * batch.loss_mask + 7.0 * (1 - batch.loss_mask)
+    # How far the trainer has moved from the reference, over the same policy tokens.
+    assert logprob_mismatch(batch)["train/ref_abs_diff"] == pytest.approx(0.25)
 
 
 def test_split_batch_covers_every_row_once() -> None:
@@ -121,6 +126,61 @@ def test_split_batch_covers_every_row_once() -> None:
     assert len(split_batch(batch, 9)) == 5
     with pytest.raises(ValueError):
         split_batch(batch, 0)
+
+
+class TwoRankTrainer:
+    """Stands in for a trainer group of 2 data-parallel ranks (Ray actors, FSDP2 collectives:
+    not here): it records what the loop hands ``train_step`` and trains nothing."""
+
+    dp_size = 2
+
+    def __init__(self) -> None:
+        self.steps: list[list[TrainBatch]] = []
+
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        return torch.zeros(batch.input_ids.shape)
+
+    def train_step(self, micro: list[TrainBatch]) -> dict[str, float]:
+        self.steps.append(micro)
+        return {"loss": 0.0}
+
+
+def test_packing_that_leaves_a_rank_an_empty_micro_batch_runs_a_zero_mask_filler() -> None:
+    """The issue's case: 15 samples of 4,000 tokens under a budget of 6,144 on 2 ranks need 15
+    micro-batches, 16 with 8 per rank; the empty one is a filler row with no loss token (it
+    used to be selected with an empty float tensor: IndexError)."""
+    samples = [
+        S([7] * 1000, [i + 1] * 3000, [1] * 3000, reward=float(i % 2), group_id=str(i // 3))
+        for i in range(15)
+    ]
+    config = LoopConfig(
+        rollout_batch_size=5,
+        n_samples_per_prompt=3,
+        global_batch_size=15,
+        max_tokens_per_micro_batch=6144,
+    )
+    trainer = TwoRankTrainer()
+    loop = GRPOLoop(config, trainer, [[1]], fake_generate, fake_reward, weight_sync=None, pad_id=0)
+    metrics = loop._train(samples)
+    assert metrics["train/skipped"] == 0.0 and metrics["train/micro_batches_per_rank"] == 8
+    (micro,) = trainer.steps
+    assert len(micro) == 16  # the trainer group deals ranks contiguous runs of 8
+    fillers = [mb for mb in micro if mb.num_loss_tokens == 0]
+    assert len(fillers) == 1 and fillers[0].num_sequences == 1
+    assert int(fillers[0].attention_mask.sum()) <= 6144
+    real = sorted(int(mb.input_ids[0, -1]) for mb in micro if mb.num_loss_tokens)
+    assert real == list(range(1, 16))  # every sample once, each alone
+    # The counts the engine normalises by are the batch's: the filler adds none.
+    assert sum(mb.num_loss_tokens for mb in micro) == 15 * 3000
+    assert sum(int((mb.loss_mask.sum(-1) > 0).sum()) for mb in micro) == 15
+
+
+async def fake_generate(prompts: list, n: int) -> list:
+    raise AssertionError("not called")
+
+
+async def fake_reward(samples: list) -> list:
+    raise AssertionError("not called")
 
 
 def test_prompt_iterator_epochs_and_shuffle() -> None:

@@ -206,3 +206,25 @@ def test_the_toy_grpo_run_trains_on_megatron_and_resumes_exactly(tmp_path: Path)
     assert [[m[k] for k in keys] for m in resumed.history] == [
         [m[k] for k in keys] for m in straight.history
     ]
+
+
+def test_weight_decay_skips_the_norms_as_megatron_does(model_dir: Path) -> None:
+    """With zero gradients (zero advantages) AdamW's step is its decay alone: the matrices
+    shrink by 1 - lr x wd, the norms' weights (1-D: input, pre-MLP, q / k and final
+    layernorms) stay as they are, as under megatron-core's own ``get_param_groups``."""
+    optimizer = OptimizerConfig(lr=0.1, weight_decay=0.5)
+    engine = MegatronEngine(
+        MegatronEngineConfig(**settings(model_dir, optimizer=optimizer, loss=ActorLossConfig()))  # type: ignore[arg-type]
+    )
+    try:
+        before = {n: p.detach().clone() for n, p in engine.gpt.named_parameters()}
+        batch = make_batch(seed=4)
+        batch.advantages = torch.zeros(batch.input_ids.shape[0])
+        engine.train_step(batch)
+        after = dict(engine.gpt.named_parameters())
+    finally:
+        engine.close()
+    assert sum("layernorm" in name for name in before) == 9
+    for name, value in before.items():
+        expected = value if value.ndim == 1 else value * (1 - 0.1 * 0.5)
+        torch.testing.assert_close(after[name].detach(), expected, rtol=1e-6, atol=0, msg=name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
@@ -181,14 +182,95 @@ def test_engines_router_loop_and_reference_come_from_the_sections() -> None:
     assert router_config(config).failure_threshold > 10**6
     loop = loop_config(config)
     assert (loop.seed, loop.max_tokens_per_micro_batch) == (5, 512)
-    reference = reference_settings(config, Path("sft"), 0.7)
-    assert reference == {"model_path": Path("sft"), "micro_batch_size": 4, "temperature": 0.7}
+    trainer = trainer_config(config, Path("sft"), temperature=0.7, top_p=0.8, top_k=5)
+    reference = reference_settings(config, Path("sft"), trainer)
+    assert reference == {
+        "model_path": Path("sft"),
+        "dtype": "float32",
+        "micro_batch_size": 4,
+        "logprob_chunk_size": 1024,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 5,
+    }
     config.model.ref_load = "ref"
-    assert reference_settings(config, Path("sft"), 0.7)["model_path"] == "ref"  # type: ignore[index]
-    assert reference_settings(AppConfig(), Path("sft"), 0.7) is None  # no KL loss
+    assert reference_settings(config, Path("sft"), trainer)["model_path"] == "ref"  # type: ignore[index]
+    assert reference_settings(AppConfig(), Path("sft"), trainer) is None  # no KL loss
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reference_scores_the_trainers_distribution_so_the_kl_starts_at_zero(
+    tmp_path: Path, dtype: str
+) -> None:
+    """KL loss on, rollouts sampled at temperature 0.7, top-p 0.7, top-k 20 (what the trainer's
+    log-probs follow), policy == reference: the reference's log-probs are the trainer's, so the
+    KL term is 0 at step 0, in the trainer's dtype (the reference used to take the
+    temperature only, and fp32 under a bf16 policy: KL 0.02 at step 0)."""
+    from turnrl.grpo_core.training.batch import TrainBatch
+    from turnrl.grpo_core.training.reference import ReferencePolicy
+    from turnrl.grpo_core.training.tiny_model import build_tiny_model
+    from turnrl.grpo_core.training.torch_engine import TorchEngine
+
+    model = build_tiny_model(tmp_path / "tiny")
+    config = AppConfig(
+        model=ModelConfig(dtype=dtype),
+        parallel=ParallelConfig(micro_batch_size=2),
+        loss=ActorLossConfig(use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="low_var_kl"),
+    )
+    trainer = trainer_config(config, model, temperature=0.7, top_p=0.7, top_k=20)
+    settings = reference_settings(config, model, trainer)
+    assert settings is not None
+    reference = ReferencePolicy(**settings)
+    engine = TorchEngine(trainer)
+    assert reference.dtype == engine.compute_dtype
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 700, (4, 16), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2:, 12:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 5:] = 1
+    batch = TrainBatch(ids, attn, loss_mask * attn, advantages=torch.tensor([1.0, -1, 0.5, -0.5]))
+    batch = reference.attach(batch)
+    assert batch.ref_logprobs is not None
+    torch.testing.assert_close(batch.ref_logprobs, engine.compute_logprobs(batch), atol=0, rtol=0)
+    assert engine.train_step(batch)["kl_loss"] == 0.0
 
 
 def test_a_device_memory_share_on_the_cpu_is_refused() -> None:
     assert "--vllm-gpu-memory-utilization 0.9: on --device cpu" in _refused(
         AppConfig(engine=EngineConfig(gpu_memory_utilization=0.9))
     )
+
+
+def test_the_loss_starts_as_slimes_and_slimes_loss_flags_set_it() -> None:
+    """An app's loss section is slime's without its loss flags (per-sample mean, no dual
+    clip, no TIS); --calculate-per-token-loss, --eps-clip-c, --use-tis, --tis-clip and
+    --tis-clip-low set it, and a TIS clip without --use-tis is refused."""
+    from turnrl.grpo_core.recipe.schema import AppConfig as SharedConfig
+
+    loss = SharedConfig().loss
+    assert (loss.loss_agg_mode, loss.dual_clip_c, loss.tis_cap) == (
+        "seq-mean-token-mean",
+        None,
+        None,
+    )
+    assert loss is not SharedConfig().loss
+    parser = argparse.ArgumentParser()
+    add_schema_flags(parser)
+    words = ["--calculate-per-token-loss", "--eps-clip-c", "3", "--use-tis", "--tis-clip", "1.5"]
+    assert vars(parser.parse_args([*words, "--tis-clip-low", "0.5"])) == {
+        "loss.loss_agg_mode": "token-mean",
+        "loss.dual_clip_c": 3.0,
+        "loss.use_tis": True,
+        "loss.tis_clip": 1.5,
+        "loss.tis_clip_low": 0.5,
+    }
+    assert vars(parser.parse_args(["--no-calculate-per-token-loss"])) == {
+        "loss.loss_agg_mode": "seq-mean-token-mean"
+    }
+    unread = AppConfig(loss=ActorLossConfig(tis_clip=3.0, tis_clip_low=0.1))
+    assert _refused(unread).splitlines() == [
+        "--tis-clip 3.0: only --use-tis reads it",
+        "--tis-clip-low 0.1: only --use-tis reads it",
+    ]
+    assert _refused(AppConfig(loss=ActorLossConfig(use_tis=True, tis_clip=3.0))) == ""

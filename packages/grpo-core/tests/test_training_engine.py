@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.algos import AGGREGATION_MODES, ActorLossConfig
+from turnrl.grpo_core.loop.loop import token_budget_micro_batches
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.reference import ReferencePolicy
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
@@ -179,6 +180,24 @@ def test_lr_warmup_rises_linearly_then_leaves_the_lr_to_the_caller(tiny: Path) -
     plain = engine_for(tiny)  # no warm-up: the lr is never touched
     plain.optimizer.param_groups[0]["lr"] = 2e-5
     assert plain.train_step(batch, objective="sft")["lr"] == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("mode", AGGREGATION_MODES)
+def test_packing_filler_micro_batch_leaves_the_step_unchanged(tiny: Path, mode: str) -> None:
+    """Rows of 24, 21, 18, 15 and 12 tokens under a budget of 26 for 2 ranks: no two fit
+    together, so 5 micro-batches round up to 6 and one is empty. The loop's filler row in its
+    place (its rank's run of 3 micro-batches) gives the loss and gradient of the batch in one
+    piece, in every aggregation mode: it adds no loss, no token and no sequence."""
+    batch = make_batch(seed=4, rows=5)
+    micro, plan = token_budget_micro_batches(batch, 26, dp_size=2)
+    assert [len(mb) for rank in plan.micro_batches for mb in rank].count(0) == 1
+    assert len(micro) == 6 and sum(mb.num_sequences for mb in micro) == 6
+    loss = ActorLossConfig(loss_agg_mode=mode, norm_length=24.0, entropy_coef=0.01)  # type: ignore[arg-type]
+    whole, packed = engine_for(tiny, loss=loss, micro_batch_size=5), engine_for(tiny, loss=loss)
+    m_whole, m_packed = whole.train_step(batch), packed.train_step(micro)
+    for key in ("loss", "pg_loss", "entropy", "num_tokens"):
+        assert m_packed[key] == pytest.approx(m_whole[key], rel=1e-5, abs=1e-7), key
+    assert_grads_close(grads(whole), grads(packed))
 
 
 def test_checkpoint_resume_gives_identical_next_step(tiny: Path, tmp_path: Path) -> None:
@@ -365,3 +384,26 @@ def test_memory_margin_is_refused_on_the_cpu_and_checked_with_mocked_gpu_memory(
     assert engine.step == 0
     with pytest.raises(ValueError, match="memory_margin_bytes must be >= 0"):
         TorchEngineConfig(model_path=str(tiny), memory_margin_bytes=-1)
+
+
+def test_weight_decay_reaches_the_matrices_only(tiny: Path) -> None:
+    """As Megatron's ``get_param_groups``: with zero gradients (zero advantages) AdamW's step
+    is its decay alone, which scales every matrix by 1 - lr x wd and leaves the norms'
+    weights (1-D) as they were; a bias is not decayed either."""
+    engine = engine_for(tiny, optimizer=OptimizerConfig(lr=0.1, weight_decay=0.5))
+    before = params(engine)
+    batch = make_batch(seed=3)
+    engine.train_step(replace(batch, advantages=torch.zeros_like(batch.advantages)))
+    after = params(engine)
+    norms = [name for name in before if before[name].ndim == 1]
+    assert norms and len(norms) < len(before)
+    for name, value in before.items():
+        expected = value if value.ndim == 1 else value * (1 - 0.1 * 0.5)
+        torch.testing.assert_close(after[name], expected, rtol=1e-6, atol=0, msg=name)
+    from turnrl.grpo_core.training.torch_engine import make_optimizer
+
+    layer = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    layer[1].bias.data = layer[1].bias.data[:, None]  # a bias that is not 1-D
+    groups = make_optimizer(layer, OptimizerConfig(weight_decay=0.1)).param_groups
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(layer[0].weight), id(layer[1].weight)}

@@ -81,6 +81,7 @@ _NOT_IN_SCRIPT = (
     *("--device", "--runner", "--dtype", "--torch-threads", "--micro-batch-size", "--async"),
     *("--max-off-policy-steps", "--eval-interval", "--save-interval", "--lr-warmup-iters"),
     *("--adam-eps", "--loss-agg-mode", "--rewards-normalization", "--router-read-timeout"),
+    *("--eps-clip-c", "--calculate-per-token-loss", "--use-tis", "--tis-clip"),
 )
 SCRIPT_FLAGS: tuple[str, ...] = tuple(
     f

@@ -3,8 +3,10 @@
     loss = agg(pg_loss) + kl_loss_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
 
 each term aggregated with the same mode and the same global counts, so micro-batches
-and ranks add up exactly to the mini-batch loss (see `aggregation`). Defaults follow the
-source recipes (clip 0.2 / 0.28, low_var_kl, token-mean); flag names follow slime.
+and ranks add up exactly to the mini-batch loss (see `aggregation`). Flag names follow
+slime; the defaults are verl's (clip 0.2 / 0.28, dual clip 3, low_var_kl, token-mean).
+The apps' command line starts from slime's instead (`recipe.schema.AppConfig.loss`: no
+dual clip unless `--eps-clip-c`, a per-sample mean unless `--calculate-per-token-loss`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class ActorLossConfig:
     eps_clip_high: float = 0.28
     """Upper clip range of the ratio (`--eps-clip-high`)."""
     dual_clip_c: float | None = 3.0
-    """Dual-clip constant for negative advantages (`--eps-clip-c`); None disables."""
+    """Dual-clip constant (> 1) for negative advantages (`--eps-clip-c`); None disables."""
     use_kl_loss: bool = False
     """Add the KL-to-reference loss term (`--use-kl-loss`); needs `ref_logp`."""
     kl_loss_coef: float = 0.0
@@ -45,11 +47,17 @@ class ActorLossConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (`--entropy-coef`); needs `entropy`."""
     loss_agg_mode: AggregationMode = "token-mean"
-    """How token losses are reduced (see `aggregate_loss`)."""
+    """How token losses are reduced (see `aggregate_loss`): `token-mean` is slime's
+    `--calculate-per-token-loss`, `seq-mean-token-mean` slime's default (`--loss-agg-mode`)."""
     norm_length: float | None = None
     """Constant length for `seq-mean-token-sum-norm`."""
-    tis_cap: float | None = None
-    """Truncated importance-sampling cap (e.g. 2.0); None disables (`--tis-clip`)."""
+    use_tis: bool = False
+    """Weight each token's policy loss by truncated importance sampling, the trainer's over
+    the rollout engine's probability clipped to [`tis_clip_low`, `tis_clip`] (`--use-tis`)."""
+    tis_clip: float = 2.0
+    """Upper clip of the TIS weight (`--tis-clip`)."""
+    tis_clip_low: float = 0.0
+    """Lower clip of the TIS weight (`--tis-clip-low`); 0 leaves it unclipped below."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -59,6 +67,18 @@ class ActorLossConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise ValueError(f"--eps-clip-c (dual_clip_c) must be > 1, got {self.dual_clip_c}")
+        if not 0 <= self.tis_clip_low <= self.tis_clip or self.tis_clip <= 0:
+            raise ValueError(
+                "--tis-clip-low and --tis-clip must satisfy 0 <= low <= clip and clip > 0, got "
+                f"{self.tis_clip_low} and {self.tis_clip}"
+            )
+
+    @property
+    def tis_cap(self) -> float | None:
+        """The TIS weight's upper clip in force: `tis_clip` under `use_tis`, else None."""
+        return self.tis_clip if self.use_tis else None
 
 
 @dataclass
@@ -95,7 +115,7 @@ def actor_loss(
         mask: `[B, L]` loss mask.
         ref_logp: `[B, L]` reference log-probs (required when `use_kl_loss`).
         entropy: `[B, L]` per-token entropy with grad (required when `entropy_coef != 0`).
-        rollout_logp: `[B, L]` engine log-probs (required when `tis_cap` is set).
+        rollout_logp: `[B, L]` engine log-probs (required under `use_tis`).
         global_num_tokens: See `aggregate_loss`.
         global_num_seqs: See `aggregate_loss`.
         dp_size: See `aggregate_loss`.
@@ -129,6 +149,7 @@ def actor_loss(
         dual_clip_c=config.dual_clip_c,
         rollout_logp=rollout_logp,
         tis_cap=config.tis_cap,
+        tis_low=config.tis_clip_low,
     )
     loss = agg(pg.loss_mat)
     metrics = dict(pg.metrics)

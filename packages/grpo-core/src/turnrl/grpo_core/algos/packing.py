@@ -15,8 +15,10 @@ all ranks at once:
 
 A sample longer than `max_tokens` is an error by default (it would not fit in the memory
 the budget was chosen for); with `allow_oversize=True` it gets a micro-batch of its own
-and a warning. When there are fewer samples than micro-batches some micro-batches are
-empty (the training step must still run them, with zero loss, to keep ranks in step).
+and a warning. When the samples cannot fill every micro-batch (15 samples of 4,000 tokens
+under a budget of 6,144 on 2 ranks need 15 micro-batches, rounded up to 16) some are
+empty: the training step must still run them, with zero loss, to keep ranks in step (the
+loop runs a filler row with an all-zero loss mask, ``loop.loop.filler_micro_batch``).
 """
 
 from __future__ import annotations

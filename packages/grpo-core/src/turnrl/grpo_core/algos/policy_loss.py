@@ -14,7 +14,7 @@ GSPO uses far smaller clip ranges (the paper: 3e-4 / 4e-4); pass them explicitly
 
 Truncated importance sampling (TIS, as verl / slime) corrects for the rollout engine's
 log-probs differing from the trainer's: each token's loss is multiplied by the constant
-min(exp(old_logp - rollout_logp), tis_cap).
+clip(exp(old_logp - rollout_logp), tis_low, tis_cap).
 
 All functions return the per-token loss matrix `[B, L]` (reduce it with `aggregate_loss`)
 and a dict of detached scalar metrics (local masked means over this micro-batch).
@@ -85,6 +85,7 @@ def policy_loss(
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     rollout_logp: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    tis_low: float = 0.0,
 ) -> PolicyLossOutput:
     """Clipped surrogate policy loss per token.
 
@@ -103,6 +104,7 @@ def policy_loss(
         rollout_logp: `[B, L]` log-probs from the rollout engine; with `tis_cap`, turns on
             truncated importance sampling.
         tis_cap: TIS weight cap (e.g. 2.0); `None` disables TIS.
+        tis_low: Lower clip of the TIS weight (0: none).
 
     Returns:
         `PolicyLossOutput` with the `[B, L]` loss matrix and metrics.
@@ -140,31 +142,40 @@ def policy_loss(
     if tis_cap is not None:
         if rollout_logp is None:
             raise ValueError("tis_cap needs rollout_logp (the engine's log-probs)")
-        weight, tis_metrics = truncated_is_weights(old_logp, rollout_logp, mask, tis_cap)
+        weight, tis_metrics = truncated_is_weights(old_logp, rollout_logp, mask, tis_cap, tis_low)
         loss = loss * weight
         metrics.update(tis_metrics)
     return PolicyLossOutput(loss_mat=loss, metrics=metrics)
 
 
 def truncated_is_weights(
-    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float = 2.0
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float = 2.0,
+    low: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated importance-sampling weights min(pi_train / pi_rollout, cap), detached.
+    """Truncated importance-sampling weights clip(pi_train / pi_rollout, low, cap), detached
+    (slime's `vanilla_tis_function`).
 
     Args:
         old_logp: `[B, L]` trainer log-probs of the rollout policy's tokens.
         rollout_logp: `[B, L]` rollout-engine log-probs of the same tokens.
         mask: `[B, L]` 0/1 loss mask (metrics only).
         cap: Upper bound on the weight (> 0).
+        low: Lower bound on the weight (0 <= low <= cap).
 
     Returns:
         `(weights [B, L], metrics)` with `tis_weight_mean` and `tis_clip_frac`.
 
     Raises:
-        ValueError: On a non-positive cap or mismatched shapes.
+        ValueError: On a non-positive cap, a lower bound outside [0, cap] or mismatched
+            shapes.
     """
     if cap <= 0:
         raise ValueError(f"tis_cap must be > 0, got {cap}")
+    if not 0 <= low <= cap:
+        raise ValueError(f"the TIS lower clip must be in [0, {cap}], got {low}")
     if rollout_logp.shape != old_logp.shape:
         raise ValueError(
             f"rollout_logp {tuple(rollout_logp.shape)} != old_logp {tuple(old_logp.shape)}"
@@ -172,11 +183,11 @@ def truncated_is_weights(
     with torch.no_grad():
         log_w = (old_logp - rollout_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         raw = log_w.exp()
-        weight = raw.clamp(max=cap)
+        weight = raw.clamp(min=low, max=cap)
         mask = mask.to(weight.dtype)
         metrics = {
             "tis_weight_mean": masked_mean(weight, mask),
-            "tis_clip_frac": masked_mean((raw > cap).to(weight.dtype), mask),
+            "tis_clip_frac": masked_mean((weight != raw).to(weight.dtype), mask),
         }
     return weight, metrics
 

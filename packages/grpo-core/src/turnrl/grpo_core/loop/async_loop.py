@@ -22,10 +22,10 @@ oldest weights it can have seen, so a sync landing mid-episode never hides stale
 Off-policy correction: the trainer recomputes ``old_logprobs`` with its current weights
 (the proximal policy the PPO ratio is clipped against) while each sample's
 ``rollout_logprobs`` (the behaviour policy of version v) reach the loss through
-``TrainBatch.rollout_logprobs``; with ``ActorLossConfig.tis_cap`` set, every token's loss
-is weighted by ``min(exp(old_logp - rollout_logp), tis_cap)`` (truncated importance
-sampling, ``algos/policy_loss.py``). A trainer whose loss has no ``tis_cap`` triggers a
-warning when ``N > 0``.
+``TrainBatch.rollout_logprobs``; with ``ActorLossConfig.use_tis`` (``--use-tis``), every
+token's loss is weighted by ``clip(exp(old_logp - rollout_logp), tis_clip_low, tis_clip)``
+(truncated importance sampling, ``algos/policy_loss.py``). A trainer whose loss has no TIS
+triggers a warning when ``N > 0``.
 """
 
 from __future__ import annotations
@@ -279,8 +279,8 @@ def _warn_without_tis(trainer: Any, config: LoopConfig) -> None:
     if config.max_off_policy_steps > 0 and loss is not None and loss.tis_cap is None:
         warnings.warn(
             "AsyncGRPOLoop trains up to max_off_policy_steps steps off-policy but the "
-            "trainer's ActorLossConfig.tis_cap is None: no truncated importance sampling "
-            "corrects for the stale rollout policy (set tis_cap, e.g. 2.0)",
+            "trainer's ActorLossConfig.use_tis is off: no truncated importance sampling "
+            "corrects for the stale rollout policy (set use_tis, --use-tis)",
             stacklevel=3,
         )
 

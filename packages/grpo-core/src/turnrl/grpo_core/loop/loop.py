@@ -493,14 +493,9 @@ class GRPOLoop:
         if budget is None:
             return batch, None
         dp_size = getattr(self.trainer, "dp_size", 1)
-        lengths = batch.attention_mask.sum(dim=-1).tolist()
-        if len(lengths) < dp_size:
+        if batch.num_sequences < dp_size:
             return batch, None  # fewer rows than ranks: the trainer group pads with filler rows
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an over-budget sample is counted below
-            plan = pack_micro_batches(lengths, budget, dp_size, allow_oversize=True)
-        micro = [batch.select(torch.tensor(rows)) for rank in plan.micro_batches for rows in rank]
-        return micro, plan
+        return token_budget_micro_batches(batch, budget, dp_size)
 
     def _without_failures(self, samples: list[Any]) -> list[Any]:
         """The samples that are the policy's own outcomes; each new failure reason logged."""
@@ -624,15 +619,54 @@ class GRPOLoop:
         return self.history
 
 
+def token_budget_micro_batches(
+    batch: TrainBatch, budget: int, dp_size: int
+) -> tuple[list[TrainBatch], PackingPlan]:
+    """``batch`` packed into micro-batches of at most ``budget`` tokens, the same number per
+    data-parallel rank, in rank order (rank r's are the r-th contiguous run), with the plan.
+
+    A micro-batch the plan leaves empty (more micro-batches than samples can fill, e.g. 15
+    samples of 4,000 tokens under a budget of 6,144 on 2 ranks: 16 micro-batches) becomes
+    :func:`filler_micro_batch`, so every rank still runs its share of the collectives; it
+    adds no loss, no gradient and no token or sequence to the mini-batch's counts, so every
+    aggregation mode gives the loss of the batch without it.
+    """
+    lengths = batch.attention_mask.sum(dim=-1).tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an over-budget sample is counted by the caller
+        plan = pack_micro_batches(lengths, budget, dp_size, allow_oversize=True)
+    micro = [
+        batch.select(torch.tensor(rows, dtype=torch.long)) if rows else filler_micro_batch(batch)
+        for rank in plan.micro_batches
+        for rows in rank
+    ]
+    return micro, plan
+
+
+def filler_micro_batch(batch: TrainBatch) -> TrainBatch:
+    """The shortest row of ``batch`` with an all-zero loss mask: run like any micro-batch,
+    it adds no loss, no gradient, no token and no sequence (one with no loss token)."""
+    row = batch.select(batch.attention_mask.sum(dim=-1).argmin().reshape(1))
+    return dataclasses.replace(row, loss_mask=torch.zeros_like(row.loss_mask))
+
+
 def logprob_mismatch(batch: TrainBatch) -> dict[str, float]:
     """How far the engine's sampling log-probs are from the trainer's on the same tokens.
 
     ``algos.rollout_mismatch_metrics`` under ``train/``: ``train/mismatch_abs_diff`` is the
     mean ``|log pi_trainer - log pi_engine|`` over the policy tokens, near 0 when the engine
     serves the trainer's weights; a large value means the two disagree (a stale or wrong
-    weight sync, or mismatched tokens) and the step is off-policy.
+    weight sync, or mismatched tokens) and the step is off-policy. With a reference policy,
+    ``train/ref_abs_diff`` is the same mean against the reference's log-probs: how far
+    training has moved the policy from the reference (the start weights unless
+    ``--ref-load`` names others), the gap an engine still serving those would show.
     """
     if batch.old_logprobs is None or batch.rollout_logprobs is None:
         return {}
     metrics = rollout_mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask)
-    return {f"train/{key}": float(value) for key, value in metrics.items()}
+    out = {f"train/{key}": float(value) for key, value in metrics.items()}
+    if batch.ref_logprobs is not None:
+        mask = batch.loss_mask.float()
+        drift = (batch.old_logprobs.float() - batch.ref_logprobs.float()).abs()
+        out["train/ref_abs_diff"] = float((drift * mask).sum() / mask.sum().clamp(min=1))
+    return out

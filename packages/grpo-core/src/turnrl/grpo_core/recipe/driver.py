@@ -313,7 +313,6 @@ async def build_rl(
     router: Any,
     urls: Sequence[str],
     job: Any = None,
-    temperature: float,
     evaluate: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     restart: Callable[[str], None] | None = None,
@@ -336,8 +335,8 @@ async def build_rl(
             sections of ``turnrl.grpo_core.recipe.schema``, and ``seed``).
         policy: The model RL starts from (its tokenizer gives the padding id).
         prompts, generate, reward: As for ``GRPOLoop``.
-        trainer: Every trainer's engine config (``schema.trainer_config``).
-        temperature: The rollout temperature (the reference policy's).
+        trainer: Every trainer's engine config (``schema.trainer_config``); the reference
+            policy follows its sampling and dtype.
         evaluate: The loop's ``--eval-interval`` hook.
         restart: Starts a lost engine again where it was (``Fleet.restart``); it rejoins
             the router at the weight sync after it is healthy, at most
@@ -379,7 +378,7 @@ async def build_rl(
         urls=urls,
         sync_root=run.folder / "weights",
         job=job,
-        reference=reference_settings(run.config, policy, temperature),
+        reference=reference_settings(run.config, policy, trainer),
         on_metrics=stage.on_metrics,
         evaluate=evaluate,
         checkpoint_dir=str(run.folder / "checkpoints"),

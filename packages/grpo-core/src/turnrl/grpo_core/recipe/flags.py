@@ -7,13 +7,15 @@ Both apps resolve their configuration the same way: the preset (``--preset``, ``
 is ``SUPPRESS``), so what a user did not type never overrides a preset.
 
 A flag's ``kind`` is a type (its value is converted), :data:`ON` / :data:`OFF` (a switch
-storing True / False), or :data:`BOOL` (``--x`` / ``--no-x``).
+storing True / False), :data:`BOOL` (``--x`` / ``--no-x``), or a :class:`Switch` (``--x`` /
+``--no-x`` storing two other values).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,31 @@ from turnrl.grpo_core.recipe.run_folder import read_run_config
 
 ON, OFF, BOOL = "on", "off", "bool"
 """Kinds of switch flags: store True, store False, ``--x`` / ``--no-x``."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The kind of a ``--x`` / ``--no-x`` flag that stores ``on`` / ``off`` (slime's
+    ``--calculate-per-token-loss`` picks the loss aggregation)."""
+
+    on: Any
+    """What ``--x`` stores."""
+    off: Any
+    """What ``--no-x`` stores."""
+
+
+class _SwitchAction(argparse.BooleanOptionalAction):
+    def __init__(self, *args: Any, switch: Switch, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.switch = switch
+
+    def __call__(
+        self, parser: Any, namespace: Any, values: Any, option_string: str | None = None
+    ) -> None:
+        off = str(option_string).startswith("--no-")
+        setattr(namespace, self.dest, self.switch.off if off else self.switch.on)
+
+
 Flag = tuple[str, str, Any, str]
 """``(flag, "section.field", kind, help)``."""
 
@@ -54,6 +81,8 @@ def add_flags(
             parser.add_argument(flag, action="store_const", const=kind == ON, **common)
         elif kind == BOOL:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+        elif isinstance(kind, Switch):
+            parser.add_argument(flag, action=_SwitchAction, switch=kind, **common)
         else:
             metavar = flag.lstrip("-").replace("-", "_").upper()
             parser.add_argument(flag, type=kind, metavar=metavar, **common)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop.config import LoopConfig
-from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, add_flags
+from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, Switch, add_flags
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
@@ -199,6 +199,12 @@ class EngineConfig:
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 
 
+SLIME_LOSS = ActorLossConfig(dual_clip_c=None, loss_agg_mode="seq-mean-token-mean")
+"""The actor loss of a slime script that passes none of the loss flags: no dual clip
+(``--eps-clip-c``) and each sample's token mean averaged over the samples (what
+``--calculate-per-token-loss`` turns into a mean over all tokens); no TIS (``--use-tis``)."""
+
+
 @dataclass
 class AppConfig:
     """The sections every app's config has; an app's dataclass adds its own and may change
@@ -222,8 +228,9 @@ class AppConfig:
     """The RL trainer's backend and parallelism (SFT always runs torch)."""
     loop: LoopConfig = field(default_factory=LoopConfig)
     """RL's steps and batch sizes."""
-    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
-    """RL's actor loss (clip, KL, entropy)."""
+    loss: ActorLossConfig = field(default_factory=lambda: replace(SLIME_LOSS))
+    """RL's actor loss (clip, KL, entropy, aggregation, TIS); by default slime's without its
+    loss flags (:data:`SLIME_LOSS`)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """RL's AdamW (SFT has its own learning rate)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -242,6 +249,11 @@ class AppConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return path
 
+
+PER_TOKEN_LOSS = Switch(on="token-mean", off="seq-mean-token-mean")
+"""``--calculate-per-token-loss``: the mean over all loss tokens of the batch;
+``--no-calculate-per-token-loss``: slime's default, the mean over samples of each one's
+token mean."""
 
 # (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The slime
 # scripts' switches are BOOL: --x as in the scripts, and --no-x to turn off a preset's.
@@ -308,7 +320,12 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--entropy-coef", "loss.entropy_coef", float),
     ("--eps-clip", "loss.eps_clip", float),
     ("--eps-clip-high", "loss.eps_clip_high", float),
+    ("--eps-clip-c", "loss.dual_clip_c", float),
     ("--loss-agg-mode", "loss.loss_agg_mode", str),
+    ("--calculate-per-token-loss", "loss.loss_agg_mode", PER_TOKEN_LOSS),
+    ("--use-tis", "loss.use_tis", BOOL),
+    ("--tis-clip", "loss.tis_clip", float),
+    ("--tis-clip-low", "loss.tis_clip_low", float),
     ("--lr", "optimizer.lr", float),
     ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int),
     ("--weight-decay", "optimizer.weight_decay", float),
@@ -469,6 +486,12 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
             "--async with --colocate: colocated engines sleep while the ranks train, and the "
             "asynchronous loop generates during training"
         )
+    loss = getattr(config, "loss", None)
+    if loss is not None and not loss.use_tis:
+        for name in ("tis_clip", "tis_clip_low"):
+            if getattr(loss, name) != getattr(SLIME_LOSS, name):
+                flag = SCHEMA_FLAG_OF[f"loss.{name}"]
+                lines.append(f"{flag} {getattr(loss, name)}: only --use-tis reads it")
     if (
         not loop.asynchronous
         and loop.max_off_policy_steps != defaults["loop"]["max_off_policy_steps"]
@@ -624,15 +647,28 @@ def loop_config(config: Any) -> Any:
     return replace(config.loop, seed=config.seed, max_tokens_per_micro_batch=budget)
 
 
-def reference_settings(config: Any, policy: Path, temperature: float) -> dict[str, Any] | None:
+REFERENCE_FROM_TRAINER = (
+    "dtype",
+    "micro_batch_size",
+    "logprob_chunk_size",
+    "temperature",
+    "top_p",
+    "top_k",
+)
+"""What the reference policy takes from the trainer's config, so that it scores the same
+distribution (the rollout's sampling, the compute dtype) in the same pieces."""
+
+
+def reference_settings(config: Any, policy: Path, trainer: Any) -> dict[str, Any] | None:
     """The frozen reference policy's settings when the KL loss is on (``--ref-load``, or
-    ``policy``), else None."""
+    ``policy``), else None. Its sampling (temperature, top-p, top-k), compute dtype and
+    micro-batch / chunk sizes are those of ``trainer`` (``trainer_config``'s result), so
+    with equal weights the reference log-probs are the trainer's and the KL is 0."""
     if not config.loss.use_kl_loss:
         return None
     return {
         "model_path": config.model.ref_load or policy,
-        "micro_batch_size": config.parallel.micro_batch_size,
-        "temperature": temperature,
+        **{name: getattr(trainer, name) for name in REFERENCE_FROM_TRAINER},
     }
 
 

@@ -285,7 +285,6 @@ async def _serve(
                 router=router,
                 urls=result.urls,
                 job=job,
-                temperature=app.sampling["temperature"],
                 evaluate=during_rl,
                 on_step=rollout.on_step,
                 restart=restart,

@@ -61,7 +61,7 @@ class OptimizerConfig:
     adam_eps: float = 1e-8
     """AdamW epsilon [--adam-eps]."""
     weight_decay: float = 0.1
-    """Decoupled weight decay [--weight-decay]."""
+    """Decoupled weight decay of the weight matrices (not of biases and norms) [--weight-decay]."""
     clip_grad: float = 1.0
     """Max global gradient norm; <= 0 only measures the norm [--clip-grad]."""
     lr_warmup_steps: int = 0
@@ -421,9 +421,16 @@ def make_engine(config: TorchEngineConfig) -> TorchEngine:
 
 
 def make_optimizer(module: nn.Module, opt: OptimizerConfig) -> torch.optim.Optimizer:
-    """AdamW (decoupled weight decay) over every parameter of ``module``."""
+    """AdamW (decoupled weight decay) over every parameter of ``module``, with weight decay
+    only on the matrices: biases and 1-D parameters (the norms' weights) are not decayed, as
+    in Megatron's ``get_param_groups`` (the megatron engine builds its AdamW here too)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in module.named_parameters():
+        (no_decay if param.ndim == 1 or name.endswith(".bias") else decay).append(param)
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(
-        module.parameters(),
+        [group for group in groups if group["params"]],
         lr=opt.lr,
         betas=(opt.adam_beta1, opt.adam_beta2),
         eps=opt.adam_eps,
