@@ -19,8 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import TorchEngine, TorchEngineConfig
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngine, TorchEngineConfig
 from turnrl.grpo_core.weight_sync import WeightSyncError
 from turnrl.grpo_core.weight_sync.collective import (
     CollectiveSyncConfig,
@@ -60,7 +61,8 @@ def engines(urls: list[str], **modes: tuple[object, object]) -> list[str]:
     """Reset both receivers and set their modes (one value per receiver); return the URLs.
 
     Modes are ``collective_receiver.Receiver``'s flags: ``reject_init``, ``stale_version``,
-    ``reject_update``, ``world_size``, ``no_transfer_api``, ``record_only``.
+    ``reject_update``, ``world_size``, ``no_transfer_api``, ``record_only``,
+    ``running_requests``, ``reset_declines``.
     """
 
     async def reset() -> None:
@@ -145,6 +147,84 @@ def test_sync_delivers_exact_weights_in_buckets_to_two_gloo_standin_engines(
 async def _version(url: str) -> str | None:
     async with EngineClient(url) as client:
         return await client.weight_version()
+
+
+async def _prefill(url: str, prefix: str) -> bool:
+    """The receiver serves a prompt starting with ``prefix``; True on a prefix-cache hit."""
+    async with EngineClient(url) as client:
+        hit: bool = (await client._call("POST", "/prefill", {"prefix": prefix}))["hit"]
+    return hit
+
+
+SYSTEM = "system prompt + tool list"
+"""The prefix every episode shares (tau's system prompt and tools)."""
+
+
+def _train_one_step(engine: TorchEngine) -> None:
+    """One SFT step on a fixed batch (the engine's lr moves every weight)."""
+    ids = torch.arange(2 * 24).remainder(2000).add(40).view(2, 24)
+    mask = torch.ones_like(ids)
+    mask[:, 0] = 0
+    engine.train_step(TrainBatch(ids, torch.ones_like(ids), mask), objective="sft")
+
+
+@pytest.mark.parametrize("pause_mode", [None, "keep", "abort", "wait"])
+def test_no_prefix_cached_with_older_weights_survives_a_sync(
+    receivers: list[str], tmp_path: Path, pause_mode: str | None
+) -> None:
+    """vLLM clears its prefix cache only on a ``/pause`` that ends the requests (not for
+    ``keep``); without a reset, the shared system prompt's KV would stay that of the first
+    weights for the whole run. After each sync every engine holds the trainer's post-step
+    weights, and any prefix it serves is computed with them, also with requests running
+    (engine 0) and no pause at all."""
+    urls = engines(receivers, running_requests=(2, 0))
+    model = build_tiny_model(tmp_path / "m", TinyModelConfig(seed=0))
+    trainer = TorchEngine(
+        TorchEngineConfig(model_path=str(model), seed=0, optimizer=OptimizerConfig(lr=1e-3))
+    )
+    sync = CollectiveWeightSync(config(urls, pause_mode=pause_mode))
+    asyncio.run(sync.sync(trainer, 1))
+    assert [asyncio.run(_prefill(u, SYSTEM)) for u in urls] == [False, False]
+    assert [asyncio.run(_prefill(u, SYSTEM)) for u in urls] == [True, True]  # cached
+    before = {n: t.clone() for n, t in hf_weights(trainer)}
+    _train_one_step(trainer)
+    after = dict(hf_weights(trainer))
+    assert all(not torch.equal(before[n], t) for n, t in after.items())  # every weight moved
+    asyncio.run(sync.sync(trainer, 2))
+    for index, url in enumerate(urls):
+        got = asyncio.run(dump(url, tmp_path / f"e{index}.safetensors"))
+        assert all(torch.equal(got[n], t) for n, t in after.items())
+        stats = asyncio.run(received(url))
+        cache = stats["cache"]
+        assert isinstance(cache, dict)
+        stale = {p: r for p, r in cache.items() if r != stats["weights_round"]}
+        assert not stale, f"engine {index} keeps prefixes of older weights: {stale}"
+        assert not asyncio.run(_prefill(url, SYSTEM))  # recomputed with the new weights
+        log = stats["log"]
+        assert isinstance(log, list)
+        last_bucket = max(i for i, r in enumerate(log) if r == "/update_weights")
+        resets = [i for i, r in enumerate(log) if r.startswith("/reset_prefix_cache")]
+        announce = log.index("/update_weight_version", last_bucket)
+        assert resets and last_bucket < resets[-1] < announce  # before the version is told
+        if pause_mode is not None:
+            assert resets[-1] < log.index("/resume", last_bucket)  # and before generation
+        assert asyncio.run(_version(url)) == "2"
+    asyncio.run(sync.close())
+
+
+def test_engine_declining_the_prefix_cache_reset_fails_the_sync(
+    trainer: TorchEngine, receivers: list[str]
+) -> None:
+    """An engine that keeps its cache (vLLM's ``{"success": false}``) must stop the run,
+    named, before it is told the new version: it would serve the old weights' prefixes."""
+    urls = engines(receivers, reset_declines=(False, True))
+    sync = CollectiveWeightSync(config(urls))
+    with pytest.raises(
+        WeightSyncError, match=rf"engine {urls[1]}: reset_prefix_cache failed: .*declined"
+    ):
+        asyncio.run(sync.sync(trainer, 1))
+    assert sync.versions == [] and asyncio.run(_version(urls[1])) is None
+    asyncio.run(sync.close())
 
 
 def test_sync_casts_to_configured_dtype(

@@ -197,6 +197,29 @@ def test_hccl_mocked_npu_boundary_broadcasts_each_bucket_as_announced(
     assert len(closes) == 1
 
 
+def test_hccl_mocked_npu_boundary_round_resets_the_prefix_cache_before_the_version(
+    hccl_run: tuple[dict[str, Any], Path], record_only_engines: list[str]
+) -> None:
+    """Mocked NPU boundary: vllm-ascend keeps its prefix cache through a ``keep`` pause and
+    the update, so the round resets it (preempting the kept requests) once the last bucket
+    is in, before the version is announced and generation resumes."""
+    run, _ = hccl_run
+    buckets = int(run["metrics"]["buckets"])
+    for url in record_only_engines:
+        log = asyncio.run(_get(url, "/received"))["log"]
+        start = log.index("/pause?mode=keep")
+        end = log.index("/shutdown_weight_transfer_engine")
+        assert log[start:end] == [
+            "/pause?mode=keep",
+            "/start_weight_update",
+            *["/update_weights"] * buckets,
+            "/finish_weight_update",
+            "/reset_prefix_cache?reset_running_requests=true",
+            "/update_weight_version",
+            "/resume",
+        ]
+
+
 def test_hccl_mocked_npu_boundary_refuses_a_disabled_communicator(
     hccl_run: tuple[dict[str, Any], Path],
 ) -> None:

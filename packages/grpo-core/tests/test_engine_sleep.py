@@ -44,7 +44,7 @@ async def test_engines_sleep_through_training_and_wake_around_the_sync(tmp_path:
             "/sleep?level=1",
             "/wake_up?tags=weights",
             "/collective_rpc",  # the reload, into awake weights and a sleeping KV cache
-            "/reset_prefix_cache",
+            "/reset_prefix_cache?reset_running_requests=true",
             "/update_weight_version",
             "/wake_up?tags=kv_cache",
         ]

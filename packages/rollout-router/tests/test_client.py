@@ -13,6 +13,7 @@ from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient, engine_request_id
 from turnrl.rollout_router.protocol import (
     DrainTimeoutError,
+    EngineError,
     EngineRequestError,
     EngineUnavailableError,
     PartialGenerationError,
@@ -217,6 +218,29 @@ async def test_bad_inputs_are_rejected(make_engine, tmp_path: Path):
             await client.pause("later")
 
 
+async def test_a_reload_resets_the_prefix_cache_under_running_requests(
+    make_engine, tmp_path: Path
+):
+    """vLLM declines a plain prefix-cache reset while requests run: the reload preempts them
+    so no prefix of the old weights survives, and a reset still declined fails the reload."""
+    engine = await make_engine(token_delay=0.05)
+    weights = tmp_path / "step-1"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"")
+    async with EngineClient(engine.url) as client:
+        task = asyncio.create_task(client.generate([1], SamplingParams(max_tokens=40)))
+        while not engine.running:
+            await asyncio.sleep(0.01)
+        assert not await client.reset_prefix_cache()  # declined: a request holds blocks
+        await client.reload_weights(weights, weight_version="1")
+        engine.decline_cache_reset = True
+        with pytest.raises(EngineError, match="declined to reset its prefix cache"):
+            await client.reload_weights(weights, weight_version="2")
+        assert await client.weight_version() == "1"  # not announced over a stale cache
+        await client.abort_all()
+        await task
+
+
 async def test_weight_calls_follow_vllm_rl_api(make_engine, tmp_path: Path):
     """The HTTP calls only; a real NCCL/HCCL transfer needs a GPU/NPU (not on this CI)."""
     engine = await make_engine()
@@ -238,7 +262,7 @@ async def test_weight_calls_follow_vllm_rl_api(make_engine, tmp_path: Path):
         await client.resume()
     assert engine.rl_calls == [
         ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}),
-        ("/reset_prefix_cache", None),
+        ("/reset_prefix_cache?reset_running_requests=true", None),
         ("/update_weight_version", {"new_version": "3"}),
         (
             "/init_weight_transfer_engine",

@@ -535,7 +535,8 @@ class EngineClient:
         check_path: bool = True,
         timeout: float = 600.0,
     ) -> None:
-        """Load new weights in place from a safetensors folder, then reset the prefix cache.
+        """Load new weights in place from a safetensors folder, then reset the prefix cache
+        (running requests preempted, so none keeps keys and values of the old weights).
 
         Args:
             weights_path: Folder with ``*.safetensors`` in the model's checkpoint format.
@@ -553,13 +554,24 @@ class EngineClient:
             raise ValueError(f"{path} is not a folder with *.safetensors weights")
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
         await self._call("POST", "/collective_rpc", body, timeout=timeout)
-        await self.reset_prefix_cache()
+        # Running requests are preempted (they recompute their KV cache with the new
+        # weights): no cached prefix of the old weights may survive the load.
+        if not await self.reset_prefix_cache(reset_running_requests=True):
+            raise EngineError(f"engine {self.url} declined to reset its prefix cache")
         if weight_version is not None:
             await self.set_weight_version(weight_version)
 
-    async def reset_prefix_cache(self) -> None:
-        """Drop the engine's cached prefixes (dev-mode route), e.g. between benchmark runs."""
-        await self._call("POST", "/reset_prefix_cache")
+    async def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
+        """Drop the engine's cached prefixes (dev-mode route); returns whether it did.
+
+        vLLM declines (``{"success": false}``) while running requests hold cached blocks;
+        ``reset_running_requests`` preempts them first (they go back to the queue and
+        recompute their KV cache when scheduled again), so the reset then succeeds or the
+        engine answers an error. A reply without ``success`` (older vLLM) counts as done.
+        """
+        query = "?reset_running_requests=true" if reset_running_requests else ""
+        reply = await self._call("POST", f"/reset_prefix_cache{query}")
+        return not (isinstance(reply, dict) and reply.get("success") is False)
 
     async def set_weight_version(self, weight_version: str) -> None:
         """Tell the engine which weight version it now serves."""
@@ -592,7 +604,8 @@ class EngineClient:
         await self._call("POST", "/update_weights", {"update_info": update_info}, timeout=3600.0)
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
-        """End the round (post-processing, cache reset) and record ``weight_version``."""
+        """End the round (weight post-processing) and record ``weight_version``; vLLM keeps
+        its prefix cache (see :meth:`reset_prefix_cache`)."""
         await self._call(
             "POST", "/finish_weight_update", {"weight_version": weight_version}, timeout=600.0
         )

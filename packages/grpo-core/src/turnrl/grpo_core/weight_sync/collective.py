@@ -23,8 +23,24 @@ walk the weights in buckets of about ``bucket_mb`` MB. Per bucket it POSTs
 concurrently, broadcasts the bucket's bytes as one packed ``uint8`` tensor -- vLLM's
 packed protocol, with ``packed_buffer_size_bytes`` = the bucket size, so each engine cuts
 exactly the same bucket (a bucket closes once its size *exceeds* the limit, vLLM's rule).
-Then ``/finish_weight_update`` and ``/update_weight_version`` with the version, optionally
-``/resume``, and each engine's ``/weight_info`` must report the new version.
+Then ``/finish_weight_update``, ``/reset_prefix_cache?reset_running_requests=true``,
+``/update_weight_version`` with the version, optionally ``/resume``, and each engine's
+``/weight_info`` must report the new version.
+
+The prefix cache: vLLM reuses a cached prefix's keys and values for every later prompt
+that starts with it, whatever weights were loaded since, and clears the cache only on a
+``/pause`` that ends the requests (``abort`` / ``wait``; not ``keep``, nor no pause). The
+system prompt and tool list open every episode, so without a reset they would keep the
+first weights' KV for the whole run. So every sync resets the cache once the last bucket
+has landed and before the version is announced or generation resumes, whatever
+``pause_mode``. Requests may still be running then (``pause_mode`` None: the asynchronous
+loop syncs while groups generate; ``keep``: they are frozen): their blocks would make vLLM
+decline the reset, so ``reset_running_requests`` preempts them -- they go back to the
+queue, keep the tokens they have and recompute their KV with the new weights, so no cache
+entry of older weights survives (their samples keep the version they were launched under,
+the asynchronous loop's staleness tag). An engine that still declines (``{"success": false}``, e.g. KV
+transfers in flight) or fails the call stops the sync with a :class:`WeightSyncError`
+naming it, before it is told the new version.
 
 Every trainer rank calls :meth:`CollectiveWeightSync.sync`: under FSDP each parameter is
 gathered with ``full_tensor()`` (a collective over the trainer ranks); only rank 0 keeps it,
@@ -74,7 +90,8 @@ class CollectiveSyncConfig:
     dtype: str | None = None
     """Cast weights to this dtype before sending (e.g. ``bfloat16``); None keeps them."""
     pause_mode: str | None = None
-    """``abort`` / ``wait`` / ``keep`` to pause generation during the update; None: no pause."""
+    """``abort`` / ``wait`` / ``keep`` to pause generation during the update; None: no pause.
+    The prefix cache is reset after the update either way (see the module docstring)."""
     master_address: str = "127.0.0.1"
     """Address engines reach the trainer's store on (gloo, hccl); set it across hosts."""
     master_port: int = 0
@@ -262,6 +279,15 @@ async def _with_collective(
             raise WeightSyncError(f"{what} failed: {task.exception()}") from task.exception()
 
 
+async def _reset_prefix_cache(client: EngineClient) -> None:
+    """Drop every cached prefix, preempting running requests (see the module docstring)."""
+    if not await client.reset_prefix_cache(reset_running_requests=True):
+        raise WeightSyncError(
+            "the engine declined (success: false): it would keep prefixes computed with "
+            "the previous weights"
+        )
+
+
 class CollectiveWeightSync:
     """Push weights to vLLM engines over a collective, in buckets; confirm versions.
 
@@ -447,7 +473,8 @@ class CollectiveWeightSync:
             await self._each("pause", lambda c: c.pause(self.config.pause_mode or "abort"))
         await self._each("start_weight_update", lambda c: c.start_weight_update())
         sent, buckets, wire = await self._send_buckets(weights)
-        await self._each("finish_weight_update", lambda c: c.finish_weight_update(tag))
+        await self._each("finish_weight_update", lambda c: c.finish_weight_update())
+        await self._each("reset_prefix_cache", _reset_prefix_cache)
         await self._each("update_weight_version", lambda c: c.set_weight_version(tag))
         if self.config.pause_mode is not None:
             await self._each("resume", lambda c: c.resume())
