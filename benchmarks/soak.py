@@ -46,7 +46,7 @@ from turnrl.grpo_core.recipe.run_folder import config_from_dict, read_run_config
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import cmdline, descendants
 from turnrl.rollout_router.client import EngineClient
-from turnrl.rollout_router.engine import EngineServer, with_own_cores
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.protocol import SamplingParams
 
 APP = Path(__file__).resolve().parents[1] / "apps" / "retool"
@@ -124,7 +124,7 @@ def probe_fresh(run_dir: Path) -> dict[str, Any]:
     its own (from the run's config, on a core of its own)."""
     config = config_from_dict(RetoolAppConfig, read_run_config(run_dir))
     spec = dataclasses.replace(engine_spec(config, run_dir / "model" / "rl"), port=free_port())
-    with EngineServer(with_own_cores(spec), log_dir=run_dir / "logs") as server:
+    with EngineServer(spec, log_dir=run_dir / "logs") as server:
         return asyncio.run(probe(server.url))
 
 

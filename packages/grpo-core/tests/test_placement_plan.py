@@ -182,3 +182,15 @@ def test_ray_placement_rejects_bad_timeout() -> None:
 
     with pytest.raises(ValueError, match="ready_timeout_s must be > 0"):
         RayPlacement(PlacementConfig(accelerator="CPU"), ready_timeout_s=0)
+
+
+def test_trainer_ranks_get_the_device_environment_megatron_and_the_npu_script_need() -> None:
+    from turnrl.grpo_core.placement.actors import trainer_device_env
+
+    npu = trainer_device_env("npu", {})
+    assert npu["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert npu["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    assert trainer_device_env("cuda", {}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert trainer_device_env("cuda", {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == {}  # the user's
+    assert "DISABLE_L2_CACHE" not in trainer_device_env("npu", {"DISABLE_L2_CACHE": "0"})
+    assert trainer_device_env("cpu", {}) == {}

@@ -4,29 +4,33 @@ the device cases here only build specs (no GPU or NPU is needed to read them).""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from turnrl.grpo_core.placement.actors import node_slots
 from turnrl.grpo_core.recipe.engines import local_engine_specs
-from turnrl.rollout_router.engine import EngineSpec
+from turnrl.rollout_router.engine import EngineSpec, cpu_layout
 
 
 def test_cpu_engines_share_the_host_on_ports_of_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    # This process may run on 5 cores (a stand-in for the host's affinity mask).
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
     spec = EngineSpec(model="m", device="cpu")
     specs = local_engine_specs(spec, 2)
     assert len({s.port for s in specs}) == 2
     assert all("CUDA_VISIBLE_DEVICES" not in s.env for s in specs)
-    # The API servers share the first core; each engine's workers get two of their own.
-    assert [(s.api_server_cores, s.cpu_threads_bind) for s in specs] == [("0", "1,2"), ("0", "3,4")]
-    # Five engines on five cores: vLLM binds them itself (no core left for the servers).
-    assert all(s.cpu_threads_bind is None for s in local_engine_specs(spec, 5))
+    assert [s.cpu_slot for s in specs] == [(0, 2), (1, 2)]
+    # What EngineServer launches them with on a host of 5 cores: the API servers share
+    # the first core; each engine's workers get two of their own.
+    laid_out = [cpu_layout(s, cores=range(5))[0] for s in specs]
+    assert [(s.api_server_cores, s.cpu_threads_bind) for s in laid_out] == [
+        ("0", "1,2"),
+        ("0", "3,4"),
+    ]
+    # Five engines on five cores: the servers keep core 0, the engines share the others.
+    five = [cpu_layout(s, cores=range(5))[0] for s in local_engine_specs(spec, 5)]
+    assert [s.cpu_threads_bind for s in five] == ["1", "2", "3", "4", "1"]
+    assert {s.api_server_cores for s in five} == {"0"}
 
 
 def test_engines_are_numbered_per_node_for_their_cores() -> None:

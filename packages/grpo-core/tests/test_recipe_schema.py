@@ -274,3 +274,15 @@ def test_the_loss_starts_as_slimes_and_slimes_loss_flags_set_it() -> None:
         "--tis-clip-low 0.1: only --use-tis reads it",
     ]
     assert _refused(AppConfig(loss=ActorLossConfig(use_tis=True, tis_clip=3.0))) == ""
+
+
+def test_the_engines_api_server_layout_is_auto_unless_a_flag_turns_it_off() -> None:
+    parser = argparse.ArgumentParser()
+    add_schema_flags(parser)
+    assert engine_spec(AppConfig(), Path("m"), 64).api_server_cores == "auto"
+    args = parser.parse_args(["--engine-api-server-cores", "off"])
+    assert vars(args) == {"engine.api_server_cores": "off"}
+    off = AppConfig(engine=EngineConfig(api_server_cores="off"))
+    assert engine_spec(off, Path("m"), 64).api_server_cores == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine-api-server-cores", "3"])

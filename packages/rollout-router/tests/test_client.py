@@ -218,9 +218,7 @@ async def test_bad_inputs_are_rejected(make_engine, tmp_path: Path):
             await client.pause("later")
 
 
-async def test_a_reload_resets_the_prefix_cache_under_running_requests(
-    make_engine, tmp_path: Path
-):
+async def test_a_reload_resets_the_prefix_cache_under_running_requests(make_engine, tmp_path: Path):
     """vLLM declines a plain prefix-cache reset while requests run: the reload preempts them
     so no prefix of the old weights survives, and a reset still declined fails the reload."""
     engine = await make_engine(token_delay=0.05)
@@ -308,6 +306,24 @@ async def test_drain_timeout_names_the_stuck_requests(make_engine):
         # the last resort closed the stream: the generation ends as an abort, tokens kept
         gen = await asyncio.wait_for(task, 5)
         assert gen.finish_reason == "abort" and gen.token_ids
+
+
+async def test_abort_all_of_a_stalled_engine_is_bounded_by_its_deadline(make_engine):
+    """The engine answers nothing (its API server starved): abort-all, its drain and the
+    engine's gauges all wait on it, yet the caller has its answer at the deadline."""
+    engine = await make_engine(token_delay=0.01)
+    async with EngineClient(engine.url) as client:
+        task = asyncio.create_task(client.generate([1], SamplingParams(max_tokens=100_000)))
+        while not engine.running:
+            await asyncio.sleep(0.01)
+        engine.stalled = True
+        began = time.monotonic()
+        with pytest.raises(DrainTimeoutError):
+            await client.abort_all(drain_timeout=0.6)
+        assert time.monotonic() - began < 0.6 + 0.5
+        assert (await asyncio.wait_for(task, 1.0)).finish_reason == "abort"
+        assert client.abort_escalations == 1
+        engine.stalled = False
 
 
 async def test_sse_lines_reads_lines_longer_than_aiohttps_limit():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,31 +182,59 @@ def test_api_server_cores_are_parsed_and_refused_where_they_cannot_act() -> None
         EngineSpec(model="m", cpu_threads_bind="0", api_server_cores="one")
 
 
-def test_with_own_cores_splits_the_host_and_leaves_what_it_cannot_split(
+def test_the_default_layout_gives_the_api_servers_a_core_and_splits_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from turnrl.rollout_router.engine import with_own_cores
+    from turnrl.rollout_router.engine import cpu_layout
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     spec = EngineSpec(model="m")
-    one = with_own_cores(spec, cores=[3, 1])  # the 2-core machine: servers on 1, engine on 3
-    assert (one.api_server_cores, one.cpu_threads_bind) == ("1", "3")
-    thirds = [with_own_cores(spec, i, 3, cores=range(8)) for i in range(3)]
-    assert [s.cpu_threads_bind for s in thirds] == ["1,2", "3,4", "5,6"]  # core 7 left over
-    assert {s.api_server_cores for s in thirds} == {"0"}
-    # Left as they are: too few cores, other devices, cores already chosen, vLLM's
-    # per-rank lists (tensor parallel), a binding exported by the user.
-    assert with_own_cores(spec, 1, 2, cores=[0, 1]) is spec
-    gpu = EngineSpec(model="m", device="gpu")
-    assert with_own_cores(gpu, cores=range(8)) is gpu
-    chosen = EngineSpec(model="m", cpu_threads_bind="0")
-    assert with_own_cores(chosen, cores=range(8)) is chosen
-    tp = EngineSpec(model="m", tensor_parallel_size=2)
-    assert with_own_cores(tp, cores=range(8)) is tp
+    assert spec.api_server_cores == "auto" and spec.cpu_slot == (0, 1)
+
+    def layout(cores: object, **kw: object) -> tuple[str, str | None]:
+        made, why = cpu_layout(replace(spec, **kw), cores=cores)  # type: ignore[arg-type]
+        assert why == ""
+        return made.api_server_cores, made.cpu_threads_bind
+
+    assert layout([3, 1]) == ("1", "3")  # the 2-core machine: server on 1, engine on 3
+    thirds = [layout(range(8), cpu_slot=(i, 3)) for i in range(3)]
+    assert thirds == [("0", "1,2"), ("0", "3,4"), ("0", "5,6")]  # core 7 left over
+    # More engines than cores: they share the workers' cores, the servers keep theirs.
+    assert [layout([0, 1], cpu_slot=(i, 2)) for i in range(2)] == [("0", "1"), ("0", "1")]
+    # The engine's cores given (the spec, else the exported variable): the server the rest.
+    assert layout(range(4), cpu_threads_bind="0") == ("1,2,3", "0")
+    assert layout(range(4), env={"VLLM_CPU_OMP_THREADS_BIND": "1-2"}) == ("0,3", "1-2")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
-    assert with_own_cores(spec, cores=range(8)) is spec
-    with pytest.raises(ValueError, match=r"slot must be in 0\.\.1"):
-        with_own_cores(spec, 2, 2)
+    assert layout(range(8)) == ("4,5,6,7", "0-3")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    # Chosen by the caller, or off the CPU: left as they are.
+    for given in (
+        EngineSpec(model="m", api_server_cores="off"),
+        EngineSpec(model="m", cpu_threads_bind="1", api_server_cores="0"),
+        EngineSpec(model="m", device="gpu"),
+    ):
+        assert cpu_layout(given, cores=range(8)) == (given, "")
+    with pytest.raises(ValueError, match=r"cpu_slot must be \(index, count\)"):
+        EngineSpec(model="m", cpu_slot=(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "cores", "why"),
+    [
+        ({}, [5], "may run on 1 core(s) only (5)"),
+        ({"tensor_parallel_size": 2}, range(8), "per-rank core lists"),
+        ({"cpu_threads_bind": "0-1"}, [0, 1], "leave none of cores [0, 1] to the API server"),
+        ({"env": {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}}, range(8), "not a plain list"),
+    ],
+)
+def test_where_no_core_is_left_for_the_api_server_the_layout_says_why(
+    kwargs: dict[str, object], cores: object, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnrl.rollout_router.engine import cpu_layout
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    made, reason = cpu_layout(EngineSpec(model="m", **kwargs), cores=cores)  # type: ignore[arg-type]
+    assert made.api_server_cores == "off" and why in reason
 
 
 @pytest.mark.skipif(
@@ -252,3 +282,57 @@ def test_pin_api_server_moves_the_server_and_everything_below_it() -> None:
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+
+
+LINUX_2_CORES = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and 2 cores",
+)
+
+
+@LINUX_2_CORES
+def test_an_engine_server_starts_with_its_api_server_on_a_core_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No layout given (what ``turnrl-router serve`` users, apps and fixtures start): the
+    server (a stand-in for vLLM's API server) ends up on the first core this process may
+    use, and the engine's worker cores go to it as ``VLLM_CPU_OMP_THREADS_BIND``."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    pool = sorted(os.sched_getaffinity(0))
+    server = _stand_in_server(tmp_path, "processed_logprobs")
+    server.start()
+    try:
+        assert server.process is not None
+        rest = ",".join(map(str, pool[1:]))
+        assert (server.spec.api_server_cores, server.spec.cpu_threads_bind) == (str(pool[0]), rest)
+        assert os.sched_getaffinity(server.process.pid) == {pool[0]}
+        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
+        assert f"VLLM_CPU_OMP_THREADS_BIND={rest}".encode() in environ
+    finally:
+        server.stop()
+
+
+@LINUX_2_CORES
+def test_an_engine_server_on_one_core_warns_at_start_and_off_silences_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """This process is really put on one core (and back) while the server starts."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    before = os.sched_getaffinity(0)
+    server = _stand_in_server(tmp_path, "processed_logprobs")
+    quiet = EngineServer(replace(server.spec, port=free_port(), api_server_cores="off"), tmp_path)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        with caplog.at_level(logging.WARNING, logger="turnrl.rollout_router.engine"):
+            server.start()
+            warned = caplog.text
+            caplog.clear()
+            quiet.start()
+    finally:
+        os.sched_setaffinity(0, before)
+        server.stop()
+        quiet.stop()
+    assert server.spec.api_server_cores == "off"
+    assert "no core of its own for its API server" in warned
+    assert "1 core(s) only" in warned and "at least 2 cores" in warned
+    assert caplog.text == ""

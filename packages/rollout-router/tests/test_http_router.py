@@ -146,6 +146,72 @@ async def test_an_ignored_abort_is_resent_until_the_stream_ends(make_engine, ser
     assert engine.ignore_aborts == 0
 
 
+@pytest.mark.parametrize("path", ["/inference/v1/generate", "/v1/completions"])
+async def test_an_abort_a_stalled_engine_never_confirms_ends_the_stream_within_the_deadline(
+    make_engine, serve, path
+):
+    """The engine's API server stops answering anything while a stream is open (as vLLM's
+    does when its engine-core process takes the cores it needs): ``/abort_requests``
+    still answers within its deadline, the caller's stream ends as aborted, the engine
+    leaves rotation until a health check finds it answering, and the event is counted."""
+    engine = await make_engine(token_delay=0.01)
+    url = await serve([engine.url], drain_timeout=1.0)
+    if path == "/v1/completions":
+        body: dict[str, object] = {"prompt": "hi", "max_tokens": 100_000, "stream": True}
+    else:
+        body = {"token_ids": [1], "sampling_params": {"max_tokens": 100_000}, "stream": True}
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+
+        async def stream() -> str:
+            async with http.post(url + path, json=body, headers={"x-session-id": "s"}) as r:
+                return (await r.read()).decode()
+
+        task = asyncio.create_task(stream())
+        while not engine.running:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # a few tokens relayed
+        engine.stalled = True
+        began = loop.time()
+        async with http.post(url + "/abort_requests", json={"session_id": "s"}) as resp:
+            status, answer = resp.status, await resp.json()
+        assert loop.time() - began < 1.0 + 0.5
+        assert status == 504 and answer["escalated"] == 1, answer
+        text = await asyncio.wait_for(task, 1.0)  # ended when the abort answered
+        events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and len(events) > 3
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+        async with http.get(url + "/engines") as r:
+            state = (await r.json())[engine.url]
+        assert state["circuit"] == "open" and state["abort_escalations_total"] == 1
+        async with http.get(url + "/metrics") as r:
+            metric = f'turnrl_router_engine_abort_escalations_total{{engine="{engine.url}"}} 1'
+            assert metric in await r.text()
+    engine.stalled = False
+
+
+async def test_a_request_a_stalled_engine_never_answered_ends_as_aborted(make_engine, serve):
+    """No byte came back yet (the engine stalled before answering): the caller of a
+    non-streamed request gets vLLM's answer for an aborted one, at the abort's deadline."""
+    engine = await make_engine(stalled=True)
+    url = await serve([engine.url], drain_timeout=0.5)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as http:
+
+        async def ask() -> tuple[int, dict[str, object]]:
+            headers = {"x-session-id": "s"}
+            async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                return r.status, await r.json()
+
+        task = asyncio.create_task(ask())
+        await asyncio.sleep(0.2)  # the router has sent it on
+        async with http.post(url + "/abort_requests", json={"session_id": "s"}) as resp:
+            assert resp.status == 504 and (await resp.json())["escalated"] == 1
+        status, answer = await asyncio.wait_for(task, 1.0)
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "abort"  # type: ignore[index]
+    engine.stalled = False
+
+
 async def test_status_routes(make_engine, serve):
     a = await make_engine()
     url = await serve([a.url])

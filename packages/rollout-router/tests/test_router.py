@@ -9,6 +9,7 @@ import pytest
 
 from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.protocol import (
+    DrainTimeoutError,
     EngineRequestError,
     NoEngineAvailableError,
     PartialGenerationError,
@@ -258,6 +259,32 @@ async def test_abort_session_through_router(make_engine):
             await asyncio.sleep(0.01)
         assert await router.abort("ep") == 1
         assert (await task).finish_reason == "abort"
+
+
+async def test_an_abort_a_stalled_engine_never_confirms_is_bounded_and_escalated(make_engine):
+    """The engine stops answering (its API server starved): the router's abort raises at
+    its deadline, the generation ends as an abort with its tokens, the engine's circuit
+    opens (a health check or probe brings it back) and the event is counted."""
+    a = await make_engine(token_delay=0.01)
+    async with Router([a.url], config()) as router:
+        task = asyncio.create_task(router.generate([1], SamplingParams(max_tokens=100_000), "ep"))
+        while not a.running:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        a.stalled = True
+        began = time.monotonic()
+        with pytest.raises(DrainTimeoutError):
+            await router.abort("ep", drain_timeout=0.6)
+        assert time.monotonic() - began < 0.6 + 0.5
+        gen = await asyncio.wait_for(task, 1.0)
+        assert gen.finish_reason == "abort" and gen.token_ids
+        state = router.engine(a.url)
+        assert state.circuit == "open" and state.client.abort_escalations == 1
+        assert router.metrics()[a.url]["abort_escalations_total"] == 1
+        a.stalled = False
+        await asyncio.sleep(0.25)  # the cooldown: the health check closes it again
+        await router.check_health()
+        assert state.circuit == "closed"
 
 
 async def test_metrics_count_requests_errors_and_tokens(make_engine):

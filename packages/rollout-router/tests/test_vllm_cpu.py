@@ -57,13 +57,11 @@ def engines(
     models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[EngineServer]]:
     logs = tmp_path_factory.mktemp("logs")
-    # As the apps place CPU engines (``engine.with_own_cores``): their API servers, where
-    # requests and aborts arrive, on a core of their own (0), both engines' workers on the
-    # other, so an engine busy-polling its worker never starves an API server
-    # (docs/benchmarks/aborts.md: 31 of 100 aborts over 5 s without the split, 0 of 400 with).
-    with cpu_engines(
-        models["a"], logs, cores=(1, 1), api_server_cores="0", max_model_len=32768
-    ) as servers:
+    # The default layout (``EngineServer``, as every engine turnrl starts): on 2 cores the
+    # API servers, where requests and aborts arrive, on a core of their own (0), both
+    # engines' workers on the other, so an engine busy-polling its worker never starves an
+    # API server (docs/benchmarks/aborts.md: 31 of 100 aborts over 5 s without the split).
+    with cpu_engines(models["a"], logs, max_model_len=32768) as servers:
         yield servers
 
 

@@ -82,6 +82,7 @@ _NOT_IN_SCRIPT = (
     *("--max-off-policy-steps", "--eval-interval", "--save-interval", "--lr-warmup-iters"),
     *("--adam-eps", "--loss-agg-mode", "--rewards-normalization", "--router-read-timeout"),
     *("--eps-clip-c", "--calculate-per-token-loss", "--use-tis", "--tis-clip"),
+    "--engine-api-server-cores",
 )
 SCRIPT_FLAGS: tuple[str, ...] = tuple(
     f

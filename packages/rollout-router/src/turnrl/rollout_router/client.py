@@ -12,7 +12,11 @@ keeps the mapping, so callers only ever use their own ids.
 
 Abort is *confirmed*: after asking the engine to abort, the client waits (bounded) until
 each aborted request's stream has ended, and for ``abort_all`` until the engine reports
-no running or waiting request; otherwise :class:`DrainTimeoutError` names what is left.
+no running or waiting request. An abort the engine does not confirm within its deadline
+(its API server stalled, say) is escalated: the requests' connections are closed, they
+end as aborted, :attr:`EngineClient.abort_escalations` counts it, and
+:class:`DrainTimeoutError` names what was left -- at the deadline, however little the
+engine answers.
 
 Weights: ``reload_weights`` (CPU/any: load a safetensors folder in place through
 ``/collective_rpc``) and the collective weight-transfer calls of vLLM's RL API
@@ -126,6 +130,9 @@ class EngineClient:
         self._flights: dict[str, _Flight] = {}
         self.abort_calls = 0
         """Abort-by-id calls sent so far (re-sends included), for logs and benchmarks."""
+        self.abort_escalations = 0
+        """Aborts the engine did not confirm within their deadline (each raised
+        :class:`DrainTimeoutError`; the requests' connections were closed)."""
 
     # ----------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:
@@ -401,6 +408,7 @@ class EngineClient:
         for r in left:
             if (flight := self._flights.get(r)) is not None and flight.close is not None:
                 flight.close()
+        self.abort_escalations += 1
         raise DrainTimeoutError(
             f"{len(left)} aborted request(s) still running on {self.url} after {timeout}s "
             "(abort sent every 0.5 s); their connections were closed",
@@ -424,9 +432,13 @@ class EngineClient:
         """Abort every in-flight request of one session; returns how many."""
         return await self.abort(self.in_flight(session_id), drain_timeout)
 
-    async def _abort_everything(self) -> None:
+    async def _abort_everything(self, timeout: float) -> None:
+        """Abort every engine request (dev mode); an engine too busy to answer within
+        ``timeout`` is asked again by the caller."""
         try:
-            await self._call("POST", "/abort_requests", {})  # dev mode: every engine request
+            await self._call("POST", "/abort_requests", {}, timeout=timeout)
+        except EngineUnavailableError:
+            pass
         except EngineRequestError as exc:
             if exc.status != 404:
                 raise
@@ -435,7 +447,8 @@ class EngineClient:
         """Abort everything on the engine (also other clients' requests) and confirm it.
 
         The drain is confirmed twice: this client's streams have ended, and the engine's
-        own gauges (``/metrics``) show no running or waiting request.
+        own gauges (``/metrics``) show no running or waiting request. Every call to the
+        engine is bounded by ``drain_timeout``.
 
         Returns:
             How many of this client's requests were aborted.
@@ -448,25 +461,35 @@ class EngineClient:
         ids = self.in_flight()
         for r in ids:
             self._flights[r].aborted = True
-        await self._abort_everything()
-        await self._abort_until_drained(ids, drain_timeout)
+
+        def left() -> float:
+            return max(0.05, min(deadline - loop.time(), 5.0))
+
+        await self._abort_everything(left())
+        await self._abort_until_drained(ids, max(0.0, deadline - loop.time()))
         last_sent = loop.time()
-        while (running := await self.engine_load()) > 0:
+        while True:
+            try:
+                running: int | str = await self.engine_load(timeout=left())
+            except EngineUnavailableError:
+                running = "an unknown number of"
+            if running == 0:
+                return len(ids)
             if loop.time() >= deadline:
+                self.abort_escalations += 1
                 raise DrainTimeoutError(
                     f"engine {self.url} still has {running} request(s) after {drain_timeout}s", []
                 )
             if loop.time() - last_sent >= ABORT_RESEND_S:
-                await self._abort_everything()
+                await self._abort_everything(left())
                 last_sent = loop.time()
             await asyncio.sleep(0.05)
-        return len(ids)
 
-    async def engine_load(self) -> int:
+    async def engine_load(self, timeout: float = 10.0) -> int:
         """Running + waiting requests as the engine reports them (Prometheus gauges)."""
         try:
             async with self._http().get(
-                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)
+                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:

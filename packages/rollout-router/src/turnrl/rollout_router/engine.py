@@ -7,6 +7,12 @@ length, extra flags and environment. :class:`EngineServer` starts it through
 for ``/health`` with a timeout (``TURNRL_ENGINE_HEALTH_TIMEOUT_SEC``; generous on NPU,
 where graph capture takes minutes).
 
+On the CPU every engine's API server, where requests and aborts arrive, gets a core of
+its own by default (``EngineSpec.api_server_cores="auto"``, resolved at start by
+:func:`cpu_layout`): vLLM's engine-core process busy-polls its worker and starves an API
+server that shares its cores. A host where that cannot be done (one core) is named in a
+warning at start.
+
 Every engine reports the log-probs of the distribution it sampled from
 (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p), which is what
 the trainer computes and what importance-sampling corrections need; vLLM's default,
@@ -49,6 +55,9 @@ logger = logging.getLogger(__name__)
 # Seconds to wait for /health when the variable is unset: NPU startup compiles graphs.
 DEFAULT_HEALTH_TIMEOUT = {"cpu": 600.0, "gpu": 900.0, "npu": 1800.0}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+AUTO, OFF = "auto", "off"
+"""``EngineSpec.api_server_cores``: a core of its own where possible, or vLLM's placement."""
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 """``processed_logprobs``: the sampled distribution (what RL trains against); ``raw_logprobs``:
 the model's before temperature / top-k / top-p (vLLM's default; never right for RL at T != 1)."""
@@ -82,13 +91,18 @@ class EngineSpec:
     """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB)."""
     cpu_threads_bind: str | None = None
     """CPU cores for the engine's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"1"``."""
-    api_server_cores: str | None = None
-    """CPU cores for the server's API process (where requests and aborts arrive), e.g.
-    ``"1"``; its engine-core and worker processes are then kept on ``cpu_threads_bind`` once
-    the server is healthy. On 2 cores vLLM's engine-core process busy-polls its worker and
+    api_server_cores: str = AUTO
+    """CPU cores for the server's API process (where requests and aborts arrive); its
+    engine-core and worker processes are kept on ``cpu_threads_bind`` once the server is
+    healthy. ``"auto"`` (the default): :class:`EngineServer` gives it a core of its own at
+    start where it can (:func:`cpu_layout`; a warning says why where it cannot); a list
+    such as ``"1"`` names them (with ``cpu_threads_bind``); ``"off"`` leaves every process
+    where vLLM puts it. On 2 cores vLLM's engine-core process busy-polls its worker and
     starves an API server that shares its cores: 31 of 100 aborts took over 5 s there, none
-    of 400 with the split (docs/benchmarks/aborts.md). CPU engines with
-    ``cpu_threads_bind`` only (Linux)."""
+    of 400 with the split (docs/benchmarks/aborts.md). Acts on CPU engines only (Linux)."""
+    cpu_slot: tuple[int, int] = (0, 1)
+    """This engine's index among the CPU engines started on this host, and their number:
+    ``"auto"`` splits the cores left to workers among them."""
     max_model_len: int | None = None
     """Longest context (prompt + response) the engine accepts."""
     dtype: str = "auto"
@@ -130,14 +144,19 @@ class EngineSpec:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.api_server_cores is not None:
+        if self.api_server_cores not in (AUTO, OFF):
             if self.device != "cpu" or self.cpu_threads_bind is None:
                 raise ValueError(
                     "api_server_cores needs device cpu and cpu_threads_bind (the cores the "
-                    "engine-core and worker processes keep)"
+                    "engine-core and worker processes keep), or 'auto' / 'off'"
                 )
             parse_cores(self.api_server_cores)  # raises on a malformed list
             parse_cores(self.cpu_threads_bind)
+        slot, slots = self.cpu_slot
+        if not 0 <= slot < slots:
+            raise ValueError(
+                f"cpu_slot must be (index, count), 0 <= index < count; got {self.cpu_slot}"
+            )
         if self.sleep_mode and not self.dev_mode:
             raise ValueError("sleep_mode needs dev_mode (the /sleep and /wake_up routes)")
 
@@ -214,37 +233,51 @@ def set_process_affinity(pid: int, cores: set[int]) -> None:
             pass
 
 
-def with_own_cores(
-    spec: EngineSpec, slot: int = 0, slots: int = 1, cores: Iterable[int] | None = None
-) -> EngineSpec:
-    """``spec`` as engine ``slot`` of ``slots`` CPU engines on this host, on cores of its own.
+def cpu_layout(spec: EngineSpec, cores: Iterable[int] | None = None) -> tuple[EngineSpec, str]:
+    """``spec`` with ``api_server_cores="auto"`` resolved into cores, and why it could not be.
 
-    The first of ``cores`` (default: the cores this process may run on) takes the engines'
-    API servers (``api_server_cores``); the others are split evenly among the engines'
-    engine-core and worker processes (``cpu_threads_bind``). Returned unchanged off the
-    CPU, where the spec or the environment already binds cores
-    (``VLLM_CPU_OMP_THREADS_BIND``), with tensor or data parallelism (vLLM's per-rank
-    lists), off Linux, or with fewer than ``slots + 1`` cores (vLLM's own binding then).
+    The first of ``cores`` (default: the cores this process may run on) takes the API
+    servers of the host's engines; the others are split evenly among the engines'
+    engine-core and worker processes (``cpu_threads_bind``; this engine is
+    ``spec.cpu_slot``), shared where there are more engines than such cores. Where the
+    workers' cores are given (``cpu_threads_bind``, else ``VLLM_CPU_OMP_THREADS_BIND``), the
+    API server gets the cores outside them. Where no core is left for the API server (one
+    core), where vLLM binds per rank (tensor / data parallelism) or where a process cannot
+    be pinned (not Linux), the spec comes back with ``"off"`` and the reason (else ``""``).
+    Off the CPU, or with cores or ``"off"`` set, ``spec`` comes back as it is.
     """
-    if not 0 <= slot < slots:
-        raise ValueError(f"slot must be in 0..{slots - 1}, got {slot}")
-    bound = "VLLM_CPU_OMP_THREADS_BIND" in {**os.environ, **spec.env}
-    if (
-        spec.device != "cpu"
-        or bound
-        or spec.cpu_threads_bind is not None
-        or spec.api_server_cores is not None
-        or spec.tensor_parallel_size > 1
-        or spec.data_parallel_size > 1
-        or not hasattr(os, "sched_getaffinity")
-    ):
-        return spec
+    if spec.device != "cpu" or spec.api_server_cores != AUTO:
+        return spec, ""
+    off = replace(spec, api_server_cores=OFF)
+    if spec.tensor_parallel_size > 1 or spec.data_parallel_size > 1:
+        return off, "tensor / data parallel CPU engines take vLLM's per-rank core lists"
+    if not hasattr(os, "sched_getaffinity"):
+        return off, "this platform cannot pin processes to cores"
     pool = sorted(os.sched_getaffinity(0) if cores is None else set(cores))
-    if len(pool) < slots + 1:
-        return spec
-    share = (len(pool) - 1) // slots
-    mine = pool[1 + slot * share : 1 + (slot + 1) * share]
-    return replace(spec, cpu_threads_bind=",".join(map(str, mine)), api_server_cores=str(pool[0]))
+    bind = spec.env.get(BIND_ENV) or spec.cpu_threads_bind or os.environ.get(BIND_ENV)
+    if bind:
+        try:
+            bound = parse_cores(bind)
+        except ValueError:
+            return off, f"the engine's cores {bind!r} are not a plain list (e.g. 0-3)"
+        free = [c for c in pool if c not in bound]
+        if not free:
+            return off, f"the engine's cores {bind} leave none of cores {pool} to the API server"
+        return replace(spec, cpu_threads_bind=bind, api_server_cores=_cores_text(free)), ""
+    if len(pool) < 2:
+        return off, f"this process may run on {len(pool)} core(s) only ({_cores_text(pool)})"
+    slot, slots = spec.cpu_slot
+    workers = pool[1:]
+    if slots <= len(workers):
+        share = len(workers) // slots
+        mine = workers[slot * share : (slot + 1) * share]
+    else:  # more engines than cores: they share, the API servers still have theirs
+        mine = [workers[slot % len(workers)]]
+    return replace(spec, cpu_threads_bind=_cores_text(mine), api_server_cores=str(pool[0])), ""
+
+
+def _cores_text(cores: Iterable[int]) -> str:
+    return ",".join(map(str, cores))
 
 
 def launch_env(spec: EngineSpec) -> dict[str, str]:
@@ -255,7 +288,7 @@ def launch_env(spec: EngineSpec) -> dict[str, str]:
     if spec.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kvcache_gib:g}"
         if spec.cpu_threads_bind is not None:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+            env[BIND_ENV] = spec.cpu_threads_bind
     elif spec.device == "npu":
         # Defaults only where the user has not exported the variable already.
         env.update({k: v for k, v in ascend_env_defaults().items() if k not in os.environ})
@@ -333,7 +366,8 @@ class EngineServer:
 
     def __init__(self, spec: EngineSpec, log_dir: str | Path | None = None) -> None:
         self.spec = spec
-        """The launch description."""
+        """The launch description (from the start on, with the cores :func:`cpu_layout`
+        gave it)."""
         self.log_path = Path(log_dir or tempfile.gettempdir()) / f"engine-{spec.port}.log"
         """File the server's output goes to."""
         self.process: ManagedProcess | None = None
@@ -347,6 +381,17 @@ class EngineServer:
     def _launch(self) -> ManagedProcess:
         if self.process is not None and self.process.alive:
             raise RuntimeError(f"engine on port {self.spec.port} is already running")
+        self.spec, why = cpu_layout(self.spec)
+        if why:
+            logger.warning(
+                "engine on port %d: no core of its own for its API server, where requests "
+                "and aborts arrive (%s); vLLM's engine-core process busy-polls the cores it "
+                "shares with it, so an abort can take tens of seconds (docs/benchmarks/"
+                "aborts.md). Give this process at least 2 cores, or bind the engine's cores "
+                "yourself (EngineSpec.cpu_threads_bind); api_server_cores='off' silences this",
+                self.spec.port,
+                why,
+            )
         python = self.spec.python or str(ensure_engine_env(self.spec.device))
         self.process = start_process(
             launch_command(self.spec, python),
@@ -396,7 +441,7 @@ class EngineServer:
 
     def _pin(self) -> None:
         spec = self.spec
-        if spec.api_server_cores is None or self.process is None:
+        if spec.api_server_cores in (AUTO, OFF) or self.process is None:
             return
         bind = parse_cores(spec.cpu_threads_bind or "")
         moved = pin_api_server(self.process.pid, parse_cores(spec.api_server_cores), bind)

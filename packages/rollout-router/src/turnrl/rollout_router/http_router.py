@@ -8,8 +8,13 @@ has been sent back to the caller. Also serves:
 
 - ``POST /abort_requests``: ``{}`` aborts everything, ``{"session_id": ...}`` one session;
   re-sends the abort every 0.5 s while an aborted request still streams, answers once they
-  have ended (``{"aborted": n, "sends": k}``), or 504 if they do not within
-  ``drain_timeout`` seconds;
+  have ended (``{"aborted": n, "sends": k}``). Those the engine has not ended within
+  ``drain_timeout`` seconds (its API server stalled, say) are escalated: the upstream
+  connection is closed (vLLM aborts on that), the caller's response ends as vLLM ends an
+  aborted one (finish reason ``abort``, then ``[DONE]`` on a stream), the engine's circuit
+  opens until a health check finds it answering, the event is counted
+  (``abort_escalations_total``) and the route answers 504 (``{"escalated": n, ...}``) --
+  at the deadline, however little the engine answers;
 - ``GET /health`` (200 while at least one engine's circuit is closed, else 503),
   ``GET /metrics`` (Prometheus text), ``GET /engines`` (JSON per engine).
 
@@ -73,6 +78,12 @@ class _Proxied:
     engine: str = ""
     task: asyncio.Task[object] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    relayed: bool = False
+    """The response's head went to the caller (a stream is under way)."""
+    between_events: bool = True
+    """What was relayed ends at a Server-Sent Events boundary."""
+    escalated: bool = False
+    """Its abort was not confirmed in time: the task is cancelled to end it as aborted."""
 
 
 class _ClientGoneError(Exception):
@@ -83,6 +94,40 @@ def _engine_ids(request_id: str) -> list[str]:
     """Every id vLLM may file a proxied request under."""
     ids = [ENGINE_ID_PREFIX + request_id, f"chatcmpl-{request_id}"]
     return ids + [f"cmpl-{request_id}-{i}" for i in range(_MAX_PROMPTS_ABORTED)]
+
+
+def _aborted_choice(path: str, stream: bool) -> dict[str, Any]:
+    """The last choice vLLM sends for an aborted request on ``path``."""
+    if path == GENERATE:
+        return {"index": 0, "token_ids": [], "logprobs": {"content": []}}
+    if path == "/v1/chat/completions":
+        message = {"role": "assistant", "content": ""}
+        return {"index": 0, "delta": {}} if stream else {"index": 0, "message": message}
+    return {"index": 0, "text": ""}
+
+
+async def _end_aborted(entry: _Proxied, path: str, body: bytes, sink: _Sink) -> None:
+    """End a request whose abort its engine did not confirm as vLLM ends an aborted one:
+    finish reason ``abort`` (on a stream a last event, then ``[DONE]``). A stream cut
+    inside an event is closed instead."""
+    if entry.relayed and not entry.between_events:
+        raise PartialGenerationError(f"{entry.engine}: abort not confirmed mid-event", None)
+    try:
+        stream = entry.relayed or json.loads(body).get("stream") is True
+    except (ValueError, AttributeError):
+        stream = False
+    ids = {GENERATE: ENGINE_ID_PREFIX, "/v1/chat/completions": "chatcmpl-"}
+    answer = {
+        ("request_id" if path == GENERATE else "id"): ids.get(path, "cmpl-") + entry.request_id,
+        "choices": [{**_aborted_choice(path, stream), "finish_reason": "abort"}],
+    }
+    if not stream:
+        sink.respond_json(200, answer)
+        return
+    if not entry.relayed:
+        await _maybe(sink.start(200, [(b"Content-Type", b"text/event-stream")]))
+    await _maybe(sink.write(b"data: %s\n\ndata: [DONE]\n\n" % json.dumps(answer).encode()))
+    await _maybe(sink.end())
 
 
 class _Sink(Protocol):
@@ -332,12 +377,18 @@ class HttpRouter:
 
         async def forward(e: EngineState) -> None:
             entry.engine = e.url
-            await self._forward(e.url, target, body, headers, sink)
+            await self._forward(e.url, target, body, headers, sink, entry)
 
         try:
             await self.router.call(session_id, forward)
         except NoEngineAvailableError as exc:
             sink.respond_json(503, {"error": str(exc)})
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not entry.escalated or task is None:
+                raise
+            task.uncancel()  # our own cancellation (see abort), not the caller leaving
+            await _end_aborted(entry, path, body, sink)
         finally:
             self._proxied.discard(entry)
             entry.done.set()
@@ -349,7 +400,7 @@ class HttpRouter:
         return pool
 
     async def _forward(
-        self, url: str, path: bytes, body: bytes, headers: bytes, sink: _Sink
+        self, url: str, path: bytes, body: bytes, headers: bytes, sink: _Sink, entry: _Proxied
     ) -> None:
         pool = self._pool(url)
         try:
@@ -367,8 +418,11 @@ class HttpRouter:
                 return
             started = True
             await _maybe(sink.start(conn.status, out))
+            entry.relayed = True
             while (chunk := await conn.next_chunk()) is not None:
+                entry.between_events = False
                 await _maybe(sink.write(chunk))
+                entry.between_events = chunk.endswith(b"\n\n")
                 await sink.drain()
             await _maybe(sink.end())
         except (OSError, TimeoutError, httptools.HttpParserError) as exc:
@@ -424,24 +478,30 @@ class HttpRouter:
         if session_id is not None and not isinstance(session_id, str):
             return 400, {"error": "session_id must be a string"}
         targets = [p for p in self._proxied if session_id is None or p.session_id == session_id]
-        try:
-            aborted, sends = await self.abort(targets, everything=session_id is None)
-        except TimeoutError as exc:
-            return 504, {"error": str(exc)}
+        aborted, sends, escalated = await self.abort(targets, everything=session_id is None)
+        if escalated:
+            error = (
+                f"{escalated} request(s) did not end within {self.drain_timeout}s of the abort "
+                f"(sent {sends} times); their connections were closed and they ended as aborted"
+            )
+            return 504, {"error": error, "aborted": aborted, "sends": sends, "escalated": escalated}
         return 200, {"aborted": aborted, "sends": sends}
 
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         up = [e.url for e in self.router.engines if e.circuit == CLOSED]
         return (200 if up else 503), {"healthy_engines": up}
 
-    async def abort(self, targets: list[_Proxied], *, everything: bool) -> tuple[int, int]:
+    async def abort(self, targets: list[_Proxied], *, everything: bool) -> tuple[int, int, int]:
         """Abort proxied requests (and, with ``everything``, all engine requests); drain.
 
-        Returns ``(aborted, sends)``: how many requests, and how many times it was sent.
+        Returns ``(aborted, sends, escalated)``: how many requests, how many times it was
+        sent, and how many were not confirmed within ``drain_timeout``.
 
         The abort is sent again every ``ABORT_RESEND_S`` while a target still streams: vLLM
-        ignores an abort for a request it has not registered yet. After ``drain_timeout``
-        the upstream connections left are closed (vLLM aborts on that) and this raises.
+        ignores an abort for a request it has not registered yet. At ``drain_timeout`` the
+        requests left are escalated: their upstream connections closed (vLLM aborts on
+        that), their callers' responses ended as aborted, and their engines marked
+        (:meth:`Router.abort_unconfirmed`).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout
@@ -461,16 +521,21 @@ class HttpRouter:
                     w.cancel()
                 pending = [p for p in pending if not p.done.is_set()]
             if not pending:
-                return len(targets), sends
+                return len(targets), sends, 0
             if loop.time() >= deadline:
                 break
         for p in pending:  # last resort: drop the upstream connection (vLLM aborts on it)
+            p.escalated = True
             if p.task is not None:
                 p.task.cancel()
-        raise TimeoutError(
-            f"{len(pending)} request(s) did not end within {self.drain_timeout}s of the abort "
-            f"(sent {sends} times); their connections were closed"
-        )
+        why = f"{self.drain_timeout}s after the abort (sent {sends} times)"
+        for url in {p.engine for p in pending if p.engine}:
+            self.router.abort_unconfirmed(url, why)
+        ended = [asyncio.ensure_future(p.done.wait()) for p in pending]
+        _, still = await asyncio.wait(ended, timeout=ABORT_RESEND_S)  # they end at once
+        for w in still:
+            w.cancel()
+        return len(targets), sends, len(pending)
 
     async def _send_aborts(self, targets: list[_Proxied], everything: bool, timeout: float) -> None:
         by_engine: dict[str, list[str]] = {}

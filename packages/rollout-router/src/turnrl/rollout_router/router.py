@@ -15,7 +15,10 @@ on each failed probe, up to a cap), ``half_open`` (cooldown over: one probe -- a
 request or a health check -- closes it again or re-opens it). When every engine is open
 the one whose cooldown ends first is half-opened at once, so the router never ends with
 every engine shut and no way back. A background health loop checks ``/health`` of every
-engine, which also recovers engines when no traffic arrives.
+engine, which also recovers engines when no traffic arrives. An abort an engine does not
+confirm within its deadline opens its circuit too (:meth:`Router.abort_unconfirmed`): an
+engine whose API server does not answer aborts takes no new request until a health check
+(or a probe) finds it answering.
 
 A request that fails before producing any token (engine unreachable, HTTP 5xx) is retried
 on another engine; one that fails after producing tokens is never retried (the partial
@@ -35,6 +38,7 @@ from typing import Any, TypeVar
 
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import (
+    DrainTimeoutError,
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
@@ -138,6 +142,8 @@ class EngineState:
     """Latest successful latencies (for percentiles)."""
     last_error: str = ""
     """Text of the latest failure."""
+    abort_escalations_total: int = 0
+    """Aborts here not confirmed within their deadline (connections closed instead)."""
 
     @property
     def url(self) -> str:
@@ -430,8 +436,14 @@ class Router:
     async def abort(self, session_id: str | None = None, drain_timeout: float = 10.0) -> int:
         """Abort one session's requests, or everything, on every engine; confirm the drain.
 
+        An engine that does not confirm within ``drain_timeout`` has its requests'
+        connections closed (they end as aborts) and is marked by :meth:`abort_unconfirmed`.
+
         Returns:
             How many of this router's requests were aborted.
+
+        Raises:
+            DrainTimeoutError: an engine did not confirm in time (at ``drain_timeout``).
         """
         engines = [e for e in self._engines.values() if e.circuit == CLOSED or e.in_flight]
         if session_id is None:
@@ -439,13 +451,34 @@ class Router:
         else:
             jobs = [e.client.abort_session(session_id, drain_timeout) for e in engines]
         total = 0
-        for result in await asyncio.gather(*jobs, return_exceptions=True):
-            if isinstance(result, EngineUnavailableError):
+        unconfirmed: DrainTimeoutError | None = None
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for e, result in zip(engines, results, strict=True):
+            if isinstance(result, DrainTimeoutError):
+                self.abort_unconfirmed(e.url, str(result))
+                unconfirmed = unconfirmed or result
+            elif isinstance(result, EngineUnavailableError):
                 continue  # a dead engine's requests fail on their own (connection reset)
-            if isinstance(result, BaseException):
+            elif isinstance(result, BaseException):
                 raise result
-            total += result
+            else:
+                total += result
+        if unconfirmed is not None:
+            raise unconfirmed
         return total
+
+    def abort_unconfirmed(self, url: str, why: str) -> None:
+        """Record that ``url`` did not confirm an abort within its deadline: counted
+        (``abort_escalations_total``) and its circuit opened, so it takes no new request until a
+        health check (or, with no health loop, a probe request) after the cooldown finds it
+        answering."""
+        e = self._engines.get(url.rstrip("/"))
+        if e is None:
+            return
+        e.abort_escalations_total += 1
+        e.last_error = f"abort not confirmed: {why}"
+        logger.warning("engine %s did not confirm an abort in time: %s", e.url, why)
+        self._open(e, time.monotonic())
 
     # ------------------------------------------------------------ health
     async def check_health(self) -> None:
@@ -537,6 +570,7 @@ class Router:
                 "latency_mean_s": e.latency_sum / e.requests_total if e.requests_total else 0.0,
                 "latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
                 "latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0,
+                "abort_escalations_total": e.abort_escalations_total,
                 "last_error": e.last_error,
             }
         return out
@@ -549,6 +583,7 @@ class Router:
             ("requests_total", "counter"),
             ("errors_total", "counter"),
             ("tokens_total", "counter"),
+            ("abort_escalations_total", "counter"),
         ]
         metrics = self.metrics()
         for name, kind in gauges:

@@ -7,7 +7,7 @@ It speaks the subset of vLLM's API the router and client use -- ``/health``,
 ``/inference/v1/generate`` (streaming SSE chunks with ``generate-tokens-<id>`` ids and
 per-token logprobs), ``/inference/v1/abort_requests`` (prefixed ids only, like vLLM),
 ``/abort_requests`` (all), ``/metrics`` (running gauge), ``/v1/completions`` and
-``/v1/chat/completions`` (JSON or SSE) -- with knobs to make it slow, failing or
+``/v1/chat/completions`` (JSON or SSE) -- with knobs to make it slow, failing, stalled or
 unhealthy, and :meth:`FakeEngine.kill` to make it vanish like a crashed process.
 
 Generated tokens are a deterministic function of the prompt (``(sum(prompt) + i) % 1000``)
@@ -70,12 +70,19 @@ class FakeEngine:
     abort_reason: str = "abort"
     """Finish reason of the final chunk of an aborted stream (``length`` mimics an engine
     that labels a request cut short by an abort as length-capped)."""
+    stalled: bool = False
+    """Answer nothing while set: every route (``/health`` and aborts included) waits, and
+    open streams send nothing, though connections are still accepted -- what a vLLM API
+    server does while its engine-core process busy-polls the cores it needs."""
     name: str = "fake"
     """Reported in ``/v1/completions`` answers (``model``) to show where a request went."""
     port: int = 0
     """Port (0 picks a free one at start)."""
     keepalive_timeout: float = 75.0
     """Seconds an idle keep-alive connection stays open (vLLM's server: 5)."""
+    decline_cache_reset: bool = False
+    """Answer ``/reset_prefix_cache`` with ``{"success": false}`` (else vLLM's rule: declined
+    while requests run, unless ``reset_running_requests=true`` preempts them)."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Bodies of the generation requests received."""
     aborted: set[str] = field(default_factory=set)
@@ -100,7 +107,7 @@ class FakeEngine:
 
     async def start(self) -> FakeEngine:
         """Listen on 127.0.0.1 (same port again after :meth:`kill`)."""
-        app = web.Application()
+        app = web.Application(middlewares=[self._stall])
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/inference/v1/generate", self._generate)
@@ -134,6 +141,16 @@ class FakeEngine:
             await self._runner.cleanup()
             self._runner = None
 
+    @web.middleware
+    async def _stall(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        await self._running()
+        return await handler(request)  # type: ignore[no-any-return]
+
+    async def _running(self) -> None:
+        """Return once the server is not :attr:`stalled`."""
+        while self.stalled:
+            await asyncio.sleep(0.01)
+
     async def _rl_call(self, request: web.Request) -> web.Response:
         body: Any = await request.json() if request.can_read_body else None
         self.rl_calls.append((request.path_qs, body))
@@ -145,6 +162,10 @@ class FakeEngine:
             self.sleeping = {"weights", "kv_cache"}
         elif request.path == "/wake_up":
             self.sleeping -= set(request.query.getall("tags", ["weights", "kv_cache"]))
+        elif request.path == "/reset_prefix_cache":  # vLLM declines while requests run
+            preempt = request.query.get("reset_running_requests") == "true"
+            done = not self.decline_cache_reset and (preempt or not self.running)
+            return web.json_response({"success": done})
         return web.json_response({"ok": True})
 
     async def _weight_info(self, _: web.Request) -> web.Response:
@@ -215,6 +236,7 @@ class FakeEngine:
                     await asyncio.wait_for(flag.wait(), self.token_delay)
                 except TimeoutError:
                     pass
+            await self._running()
             if flag.is_set():
                 if self.close_on_abort and request.transport is not None:
                     request.transport.close()
@@ -256,6 +278,7 @@ class FakeEngine:
                 if self.token_delay:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(flag.wait(), self.token_delay)
+                await self._running()
                 last = i == n - 1 or flag.is_set()
                 finish = ("abort" if flag.is_set() else "stop") if last else None
                 chunk = {**answer, "choices": [{"index": 0, "text": "ok", "finish_reason": finish}]}
@@ -282,15 +305,17 @@ def _chunk(rid: str, ids: list[int], finish: str | None) -> bytes:
 
 @contextlib.contextmanager
 def cpu_engines(
-    model: str | Path, log_dir: str | Path, cores: tuple[int, ...] = (0, 1), **spec: Any
+    model: str | Path, log_dir: str | Path, count: int = 2, **spec: Any
 ) -> Iterator[list[Any]]:
-    """Real vLLM servers of ``model``, one bound to each CPU core of ``cores``, started
-    together; every one stopped (its whole process group) on exit.
+    """``count`` real vLLM servers of ``model`` on this host's CPU, started together, laid
+    out on its cores as :class:`~turnrl.rollout_router.engine.EngineServer` lays out the
+    engines of a host by default (their API servers on a core of their own); every one
+    stopped (its whole process group) on exit.
 
     Args:
         model: A Hugging Face model folder.
         log_dir: Where the servers' logs go.
-        cores: One server per core (``cpu_threads_bind``).
+        count: How many servers (``EngineSpec.cpu_slot`` numbers them).
         spec: More :class:`~turnrl.rollout_router.engine.EngineSpec` fields (e.g.
             ``max_model_len``); ``served_model_name`` defaults to ``"tiny"``.
 
@@ -302,10 +327,10 @@ def cpu_engines(
     spec.setdefault("served_model_name", "tiny")
     servers = [
         EngineServer(
-            EngineSpec(model=str(model), port=free_port(), cpu_threads_bind=str(core), **spec),
+            EngineSpec(model=str(model), port=free_port(), cpu_slot=(i, count), **spec),
             log_dir=log_dir,
         )
-        for core in cores
+        for i in range(count)
     ]
 
     async def start_all() -> None:

