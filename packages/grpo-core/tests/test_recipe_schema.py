@@ -179,7 +179,7 @@ def test_engines_router_loop_and_reference_come_from_the_sections() -> None:
     (engine,) = Router(["http://127.0.0.1:1"], router_config(config)).engines
     assert engine.client.read_timeout == 7.5
     config.engine.disable_circuit_breaker = True
-    assert router_config(config).failure_threshold > 10**6
+    assert router_config(config).failure_threshold is None
     loop = loop_config(config)
     assert (loop.seed, loop.max_tokens_per_micro_batch) == (5, 512)
     trainer = trainer_config(config, Path("sft"), temperature=0.7, top_p=0.8, top_k=5)

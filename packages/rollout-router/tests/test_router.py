@@ -287,6 +287,25 @@ async def test_an_abort_a_stalled_engine_never_confirms_is_bounded_and_escalated
         assert state.circuit == "closed"
 
 
+async def test_an_unconfirmed_abort_keeps_the_engine_in_rotation_with_the_breaker_off(
+    make_engine,
+):
+    """``--router-disable-circuit-breaker`` (``failure_threshold`` None): the unconfirmed
+    abort is counted, and the engine is not taken out of rotation."""
+    a = await make_engine(token_delay=0.01)
+    async with Router([a.url], config(failure_threshold=None)) as router:
+        task = asyncio.create_task(router.generate([1], SamplingParams(max_tokens=100_000), "ep"))
+        while not a.running:
+            await asyncio.sleep(0.01)
+        a.stalled = True
+        with pytest.raises(DrainTimeoutError):
+            await router.abort("ep", drain_timeout=0.3)
+        await asyncio.wait_for(task, 1.0)
+        state = router.engine(a.url)
+        assert state.circuit == "closed" and state.abort_escalations_total == 1
+        assert "abort not confirmed" in state.last_error
+
+
 async def test_metrics_count_requests_errors_and_tokens(make_engine):
     a, bad = await make_engine(), await make_engine(fail_status=500)
     async with Router([a.url, bad.url], config()) as router:

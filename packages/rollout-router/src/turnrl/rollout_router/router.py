@@ -63,8 +63,9 @@ class RouterConfig:
     """Sessions remembered (least recently used are forgotten first)."""
     sticky_ttl: float = 1800.0
     """Seconds after its last request that a session's engine is forgotten."""
-    failure_threshold: int = 3
-    """Consecutive failures that open an engine's circuit."""
+    failure_threshold: int | None = 3
+    """Consecutive failures that open an engine's circuit; None: never (the breaker off,
+    slime's ``--router-disable-circuit-breaker``)."""
     open_cooldown: float = 1.0
     """Seconds an opened circuit stays shut before a half-open probe."""
     max_open_cooldown: float = 30.0
@@ -88,7 +89,7 @@ class RouterConfig:
             "failure_threshold",
             "max_attempts",
         ):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in (
             "sticky_ttl",
@@ -270,7 +271,10 @@ class Router:
         e.errors_total += 1
         e.consecutive_failures += 1
         e.last_error = f"{type(error).__name__}: {error}"
-        if e.circuit == HALF_OPEN or e.consecutive_failures >= self.config.failure_threshold:
+        threshold = self.config.failure_threshold
+        if threshold is not None and (
+            e.circuit == HALF_OPEN or e.consecutive_failures >= threshold
+        ):
             self._open(e, time.monotonic())
 
     def _success(self, e: EngineState) -> None:
@@ -469,16 +473,19 @@ class Router:
 
     def abort_unconfirmed(self, url: str, why: str) -> None:
         """Record that ``url`` did not confirm an abort within its deadline: counted
-        (``abort_escalations_total``) and its circuit opened, so it takes no new request until a
-        health check (or, with no health loop, a probe request) after the cooldown finds it
-        answering."""
+        (``abort_escalations_total``) and, as a failure that reaches ``failure_threshold`` at
+        once, its circuit opened, so it takes no new request until a health check (or, with
+        no health loop, a probe request) after the cooldown finds it answering. With the
+        breaker off (``failure_threshold`` None) it is counted and stays in rotation."""
         e = self._engines.get(url.rstrip("/"))
         if e is None:
             return
         e.abort_escalations_total += 1
-        e.last_error = f"abort not confirmed: {why}"
         logger.warning("engine %s did not confirm an abort in time: %s", e.url, why)
-        self._open(e, time.monotonic())
+        if self.config.failure_threshold is not None:
+            threshold = self.config.failure_threshold
+            e.consecutive_failures = max(e.consecutive_failures, threshold - 1)
+        self._failure(e, DrainTimeoutError(f"abort not confirmed: {why}", []))
 
     # ------------------------------------------------------------ health
     async def check_health(self) -> None:

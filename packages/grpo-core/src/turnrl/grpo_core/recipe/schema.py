@@ -648,7 +648,7 @@ def router_config(config: Any) -> Any:
     e = config.engine
     return RouterConfig(
         max_concurrency_per_engine=e.server_concurrency,
-        failure_threshold=10**9 if e.disable_circuit_breaker else 3,
+        failure_threshold=None if e.disable_circuit_breaker else 3,
         read_timeout=e.read_timeout,
     )
 
