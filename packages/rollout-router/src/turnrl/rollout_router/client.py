@@ -558,7 +558,7 @@ class EngineClient:
         check_path: bool = True,
         timeout: float = 600.0,
     ) -> None:
-        """Load new weights in place from a safetensors folder, then reset the prefix cache
+        """Load new weights in place from a safetensors folder, then clear the prefix cache
         (running requests preempted, so none keeps keys and values of the old weights).
 
         Args:
@@ -577,10 +577,7 @@ class EngineClient:
             raise ValueError(f"{path} is not a folder with *.safetensors weights")
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
         await self._call("POST", "/collective_rpc", body, timeout=timeout)
-        # Running requests are preempted (they recompute their KV cache with the new
-        # weights): no cached prefix of the old weights may survive the load.
-        if not await self.reset_prefix_cache(reset_running_requests=True):
-            raise EngineError(f"engine {self.url} declined to reset its prefix cache")
+        await self.clear_prefix_cache()
         if weight_version is not None:
             await self.set_weight_version(weight_version)
 
@@ -595,6 +592,20 @@ class EngineClient:
         query = "?reset_running_requests=true" if reset_running_requests else ""
         reply = await self._call("POST", f"/reset_prefix_cache{query}")
         return not (isinstance(reply, dict) and reply.get("success") is False)
+
+    async def clear_prefix_cache(self) -> None:
+        """Drop every cached prefix after a weight update, preempting running requests (they
+        recompute their KV cache with the weights now loaded), so no prefix computed with
+        earlier weights survives.
+
+        Raises:
+            EngineError: the engine still declines (``{"success": false}``).
+        """
+        if not await self.reset_prefix_cache(reset_running_requests=True):
+            raise EngineError(
+                f"engine {self.url} declined to reset its prefix cache: it would keep "
+                "prefixes computed with earlier weights"
+            )
 
     async def set_weight_version(self, weight_version: str) -> None:
         """Tell the engine which weight version it now serves."""

@@ -279,15 +279,6 @@ async def _with_collective(
             raise WeightSyncError(f"{what} failed: {task.exception()}") from task.exception()
 
 
-async def _reset_prefix_cache(client: EngineClient) -> None:
-    """Drop every cached prefix, preempting running requests (see the module docstring)."""
-    if not await client.reset_prefix_cache(reset_running_requests=True):
-        raise WeightSyncError(
-            "the engine declined (success: false): it would keep prefixes computed with "
-            "the previous weights"
-        )
-
-
 class CollectiveWeightSync:
     """Push weights to vLLM engines over a collective, in buckets; confirm versions.
 
@@ -474,7 +465,7 @@ class CollectiveWeightSync:
         await self._each("start_weight_update", lambda c: c.start_weight_update())
         sent, buckets, wire = await self._send_buckets(weights)
         await self._each("finish_weight_update", lambda c: c.finish_weight_update())
-        await self._each("reset_prefix_cache", _reset_prefix_cache)
+        await self._each("reset_prefix_cache", lambda c: c.clear_prefix_cache())
         await self._each("update_weight_version", lambda c: c.set_weight_version(tag))
         if self.config.pause_mode is not None:
             await self._each("resume", lambda c: c.resume())
