@@ -607,3 +607,32 @@ def test_leftovers_waits_for_what_ends_on_its_own():
         long.kill()
         long.wait()
     assert set(supervise.leftovers()) - before == set()
+
+
+def test_descendants_are_in_tree_order_not_pid_order():
+    """A child's own child comes right after it, before a sibling started earlier than the
+    grandchild: pids wrap around, so a later process can have a smaller pid (as a restarted
+    engine did in CI, taken for the app it was listed before)."""
+    spawner = (
+        "import subprocess, sys, time; sys.stdin.readline(); "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
+    a = subprocess.Popen(
+        [sys.executable, "-c", spawner], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    grandchild = None
+    try:
+        assert a.stdin is not None and a.stdout is not None
+        a.stdin.write("\n")
+        a.stdin.flush()  # the grandchild starts after b
+        grandchild = int(a.stdout.readline())
+        ours = {a.pid, grandchild, b.pid}
+        assert [p for p in supervise.descendants() if p in ours] == [a.pid, grandchild, b.pid]
+    finally:
+        if grandchild is not None:
+            os.kill(grandchild, signal.SIGKILL)
+        for proc in (a, b):
+            proc.kill()
+            proc.wait()

@@ -582,8 +582,9 @@ def adopt_orphans() -> bool:
     return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-def _parents() -> dict[int, int]:
-    parents = {}
+def _processes() -> dict[int, tuple[int, int]]:
+    """Each live (non-zombie) process's parent and start time (clock ticks since boot)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -592,22 +593,25 @@ def _parents() -> dict[int, int]:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
             if fields[0] != "Z":  # zombies are dead already (waiting to be reaped)
-                parents[int(entry)] = int(fields[1])
-    return parents
+                found[int(entry)] = (int(fields[1]), int(fields[19]))
+    return found
 
 
 def descendants(pid: int | None = None) -> list[int]:
-    """Live (non-zombie) processes below ``pid`` (default: this process) in the process tree."""
+    """Live (non-zombie) processes below ``pid`` (default: this process) in the process tree,
+    in tree order: each before the processes below it, siblings in the order they started
+    (not by pid, which wraps around)."""
     root = os.getpid() if pid is None else pid
+    processes = _processes()
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, (parent, _) in sorted(processes.items(), key=lambda item: (item[1][1], item[0])):
         children.setdefault(parent, []).append(child)
-    found, todo = [], list(children.get(root, []))
+    found, todo = [], list(reversed(children.get(root, [])))
     while todo:
         child = todo.pop()
         found.append(child)
-        todo.extend(children.get(child, []))
-    return sorted(found)
+        todo.extend(reversed(children.get(child, [])))
+    return found
 
 
 def kill_descendants(grace: float = 5.0) -> list[int]:
