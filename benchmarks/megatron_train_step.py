@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.backends import make_engine
 from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig, make_engine
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
 
 def batches(count: int, rows: int, length: int, vocab: int) -> list[TrainBatch]:

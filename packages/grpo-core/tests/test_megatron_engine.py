@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.backends import make_engine
 from turnrl.grpo_core.loop.loop import GRPOLoop
 from turnrl.grpo_core.megatron import megatron_to_hf
 from turnrl.grpo_core.megatron.config import parse_megatron_args
@@ -34,8 +35,9 @@ from turnrl.grpo_core.training.torch_engine import (
     OptimizerConfig,
     TorchEngine,
     TorchEngineConfig,
-    make_engine,
+    TrainStep,
 )
+from turnrl.grpo_core.training.trainer import Trainer
 
 pytestmark = pytest.mark.megatron
 
@@ -104,7 +106,13 @@ def make_batch(seed: int, rows: int = 4, length: int = 20) -> TrainBatch:
 def test_one_grpo_step_equals_the_torch_backend(
     megatron: MegatronEngine, model_dir: Path, tmp_path: Path
 ) -> None:
+    """Both backends meet the Trainer interface and compose the same TrainStep (Megatron no
+    longer inherits the torch engine); one GRPO step gives the same loss, gradients and
+    weights."""
     torch_engine = TorchEngine(TorchEngineConfig(**settings(model_dir)))  # type: ignore[arg-type]
+    assert isinstance(megatron, Trainer) and isinstance(torch_engine, Trainer)
+    assert not isinstance(megatron, TorchEngine)
+    assert type(megatron.steps) is type(torch_engine.steps) is TrainStep
     batch = make_batch(seed=1)
     ours, theirs = megatron.compute_logprobs(batch), torch_engine.compute_logprobs(batch)
     assert theirs[batch.loss_mask.bool()].std() > 0.5  # far from uniform

@@ -377,7 +377,7 @@ def test_memory_margin_is_refused_on_the_cpu_and_checked_with_mocked_gpu_memory(
     with pytest.raises(ValueError, match="--train-memory-margin-bytes 1024: the CPU"):
         engine.train_step(make_batch())
     assert engine.step == 0
-    monkeypatch.setattr(engine, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(engine.steps, "device", torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (512, 4096))
     with pytest.raises(MemoryError, match="only 512 bytes of cuda:0 are free"):
         engine.train_step(make_batch())

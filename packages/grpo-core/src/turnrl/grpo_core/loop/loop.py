@@ -319,7 +319,7 @@ class GRPOLoop:
     Args:
         config: Batch sizes, estimator, intervals.
         trainer: A training engine (``compute_logprobs``, ``train_step``, ``export_hf``,
-            ``save_checkpoint``), e.g. ``TorchEngine``.
+            ``save_checkpoint``): a :class:`~turnrl.grpo_core.training.trainer.Trainer`.
         prompts: The training prompts (tasks) the generate hook understands.
         generate: Rollout hook, see :data:`GenerateFn`.
         reward: Reward hook, see :data:`RewardFn`.

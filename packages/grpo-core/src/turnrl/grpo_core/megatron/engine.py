@@ -3,9 +3,12 @@
 :class:`MegatronEngine` trains a megatron-core ``GPTModel`` built from a Hugging Face Qwen
 folder (weights converted by ``convert``), with the same GRPO-family losses, micro-batch
 accumulation, gradient clipping, AdamW, learning-rate warm-up and metrics as the torch
-backend: it is a ``TorchEngine`` whose module scores tokens through Megatron
-(``gpt_logprobs``) instead of a transformers model. So the loop, the weight sync (through
-:meth:`export_hf`), the reference policy and the trainer group use it unchanged.
+backend: it composes the same :class:`~turnrl.grpo_core.training.torch_engine.TrainStep`,
+its module scoring tokens through Megatron (``gpt_logprobs``) instead of a transformers
+model, with Megatron's pipeline schedule and model-parallel clipping plugged in. It meets
+the :class:`~turnrl.grpo_core.training.trainer.Trainer` interface, so the loop, the weight
+sync (through :meth:`export_hf`), the reference policy and the trainer group use it
+unchanged.
 
 What is built: tensor parallel (the weights split over the TP group; with or without
 sequence parallel, also on the CPU), pipeline parallel (the layers split into stages run
@@ -28,7 +31,7 @@ pipeline stages.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,11 +42,11 @@ from torch import nn
 from turnrl.grpo_core.megatron.config import MegatronParallelConfig, QwenArchitecture
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.loss import BatchCounts
-from turnrl.grpo_core.training.policy import load_causal_lm, resolve_dtype, scatter_scores
+from turnrl.grpo_core.training.policy import load_causal_lm, scatter_scores
 from turnrl.grpo_core.training.torch_engine import (
     LossTally,
-    TorchEngine,
     TorchEngineConfig,
+    TrainStep,
     equalise_micro_batches,
     make_optimizer,
     rank,
@@ -153,7 +156,7 @@ class MegatronLogProbs(nn.Module):
         return logp, None if entropy is None else scatter_scores(entropy[:, :-1][select], select)
 
 
-class MegatronEngine(TorchEngine):
+class MegatronEngine:
     """Trains a megatron-core ``GPTModel``; one instance per rank. The ranks of one model
     replica (its TP x PP ranks, TP fastest) are adjacent, so rank ``r`` trains on
     data-parallel share ``r // (TP x PP)`` (``parallel_layout``)."""
@@ -175,8 +178,6 @@ class MegatronEngine(TorchEngine):
         from turnrl.grpo_core.megatron.parallel import model_parallel
 
         self.config = config
-        self.compute_dtype = resolve_dtype(config.dtype)
-        self.step = 0
         self.arch = QwenArchitecture.from_hf_config(AutoConfig.from_pretrained(config.model_path))
         config.parallel.check_model(self.arch)  # before any process group starts
         self._groups = contextlib.ExitStack()
@@ -209,6 +210,53 @@ class MegatronEngine(TorchEngine):
         self.gpt = model.to(self.device)
         self.module = MegatronLogProbs(self.gpt, config.temperature)
         self.optimizer = make_optimizer(self.module, config.optimizer)
+        self.steps = TrainStep(
+            config,
+            self.module,
+            self.optimizer,
+            self.device,
+            self.dp_size,
+            self.dp_group,
+            accumulate=self._accumulate,
+            clip_and_step=self._clip_and_step,
+        )
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (restored by :meth:`load_checkpoint`)."""
+        return self.steps.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.steps.step = value
+
+    def parallel_layout(self) -> tuple[int, int]:
+        """``(data-parallel size, model-parallel size)``: rank ``r`` trains on data share
+        ``r // model-parallel size`` (a replica's TP x PP ranks are adjacent)."""
+        return self.dp_size, self.model_parallel_size
+
+    def train_step(
+        self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
+    ) -> dict[str, float]:
+        """One optimizer step (see ``TorchEngine.train_step``); every rank of a pipeline
+        returns the last stage's metrics."""
+        return self.steps.run(batch, objective)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        return self.steps.lr_at(step)
+
+    def save_checkpoint(self, folder: str | Path, data_state: dict[str, Any] | None = None) -> Path:
+        """Save this rank's shard of model and optimizer, RNG states, step and ``data_state``."""
+        from turnrl.grpo_core.training.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, Path(folder), data_state or {})
+
+    def load_checkpoint(self, folder: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint saved by :meth:`save_checkpoint`; returns its ``data_state``."""
+        from turnrl.grpo_core.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, Path(folder))
 
     # -- pipeline parallel: Megatron's schedule over this rank's stage ---------------------
 
@@ -226,7 +274,7 @@ class MegatronEngine(TorchEngine):
 
         def forward_step(data: Iterator[TrainBatch], model: Any) -> tuple[Any, Any]:
             mb = next(data)
-            with self._autocast():
+            with self.steps.autocast():
                 output = self.module(
                     mb.input_ids, mb.attention_mask, mb.loss_mask, return_entropy=want_entropy
                 )
@@ -272,22 +320,22 @@ class MegatronEngine(TorchEngine):
     def _accumulate(
         self, micro: list[TrainBatch], objective: str, counts: BatchCounts
     ) -> dict[str, float]:
-        """Without pipeline parallelism, ``TorchEngine``'s loop. With it, the same loss of
-        each micro-batch (``_micro_loss``) on the last stage, through Megatron's schedule;
-        the metrics are the last stage's, sent to every stage."""
+        """Without pipeline parallelism, :meth:`TrainStep.accumulate`. With it, the same
+        loss of each micro-batch (``TrainStep.micro_loss``) on the last stage, through
+        Megatron's schedule; the metrics are the last stage's, sent to every stage."""
         if self.pp_size == 1:
-            return super()._accumulate(micro, objective, counts)
+            return self.steps.accumulate(micro, objective, counts)
         tally = LossTally()
 
         def loss(mb: TrainBatch, scores: Any) -> tuple[torch.Tensor, torch.Tensor, dict]:
             logp, entropy = scores
-            value = self._micro_loss(logp, entropy, mb, objective, counts, tally)
+            value = self.steps.micro_loss(logp, entropy, mb, objective, counts, tally)
             # (loss, tokens, reported): with calculate_per_token_loss the schedule takes
             # the loss as it is (it is this micro-batch's share of the mini-batch loss).
             return value, torch.tensor(mb.num_loss_tokens, dtype=torch.int), {}
 
-        self._pipeline(micro, self._wants_entropy(objective), loss)
-        out = self._reduce_metrics(tally, micro) if self.is_last_stage else None
+        self._pipeline(micro, self.steps.wants_entropy(objective), loss)
+        out = self.steps.reduce_metrics(tally, micro) if self.is_last_stage else None
         return self._from_last_stage(out)
 
     @torch.no_grad()
@@ -298,9 +346,9 @@ class MegatronEngine(TorchEngine):
         stage and broadcast to every stage (each rank of the group gets the result)."""
         import torch.distributed as dist
 
-        if self.pp_size == 1:
-            return super().compute_logprobs(batch, micro_batch_size)
         size = micro_batch_size or self.config.micro_batch_size
+        if self.pp_size == 1:
+            return score_batch(lambda mb: self.steps.forward(mb)[0], batch, size, self.device)
         micro = equalise_micro_batches(list(batch.micro_batches(size)), self.device)
         scores = iter(self._pipeline(micro, want_entropy=False))
 

@@ -138,7 +138,7 @@ def trainer_device_env(device: str, environ: dict[str, str] | None = None) -> di
 
 
 class TrainerActor:
-    """One trainer rank: a process-group member that owns a TorchEngine."""
+    """One trainer rank: a process-group member that owns a train engine (a ``Trainer``)."""
 
     def __init__(self, rank: int, world_size: int, device: str, env: dict[str, str]) -> None:
         """Remember this rank's place; nothing heavy starts until asked.
@@ -190,12 +190,12 @@ class TrainerActor:
     def build_engine(self, config: Any) -> None:
         """Build the train engine ``config`` names (``make_engine``: the torch backend,
         FSDP2-sharded over the group when world size > 1, or the megatron backend)."""
-        from turnrl.grpo_core.training.torch_engine import make_engine
+        from turnrl.grpo_core.backends import make_engine
 
         self.engine = make_engine(config)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``TorchEngine.<method>`` (``train_step``, ``compute_logprobs``, ...)."""
+        """Call ``Trainer.<method>`` (``train_step``, ``compute_logprobs``, ...)."""
         if self.engine is None:
             raise RuntimeError(f"trainer rank {self.rank}: build_engine() has not run")
         return getattr(self.engine, method)(*args, **kwargs)
@@ -485,7 +485,7 @@ class RayPlacement:
     def trainer_call(
         self, method: str, per_rank_args: list[Any] | None = None, **kwargs: Any
     ) -> list[Any]:
-        """Call ``TorchEngine.<method>`` on every rank at once; one result per rank.
+        """Call ``Trainer.<method>`` on every rank at once; one result per rank.
 
         Args:
             method: Engine method name, e.g. ``train_step``.

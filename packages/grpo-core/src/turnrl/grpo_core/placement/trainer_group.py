@@ -161,7 +161,7 @@ class RayTrainerGroup:
         actor_method: str | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """Run ``TorchEngine.<method>(per_rank[r], **kwargs)`` on every rank at once.
+        """Run ``Trainer.<method>(per_rank[r], **kwargs)`` on every rank at once.
 
         Args:
             method: The engine method (named in errors).
@@ -254,7 +254,7 @@ class RayTrainerGroup:
     def train_step(
         self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
     ) -> dict[str, float]:
-        """One optimizer step of the group over a mini-batch (see ``TorchEngine.train_step``).
+        """One optimizer step of the group over a mini-batch (see ``Trainer.train_step``).
 
         Args:
             batch: The mini-batch (its rows are split over ranks), or its micro-batches

@@ -51,8 +51,8 @@ def build_loop(
             :class:`GRPOLoop`.
     """
     if job is None:
+        from turnrl.grpo_core.backends import make_engine
         from turnrl.grpo_core.training.reference import ReferencePolicy
-        from turnrl.grpo_core.training.torch_engine import make_engine
         from turnrl.grpo_core.weight_sync.choose import collective_backend, make_weight_sync
 
         ref = None

@@ -34,10 +34,11 @@ from typing import Any
 import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
+from turnrl.grpo_core.backends import make_engine
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.loop.loop import GRPOLoop, MetricsFn
 from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
-from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig, make_engine
+from turnrl.grpo_core.training.torch_engine import OptimizerConfig, TorchEngineConfig
 
 CANDIDATES = tuple(range(100, 108))
 """Token ids the toy policy chooses among; even ones earn reward."""

@@ -44,6 +44,7 @@ from turnrl.grpo_core.training.policy import resolve_dtype
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.training.torch_engine import TorchEngine
+    from turnrl.grpo_core.training.trainer import Trainer
 
 TRAINER_STATE = "trainer_state.json"
 _WEIGHT_SUFFIXES = (
@@ -79,7 +80,7 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.get_device_module(device.type).set_rng_state(state["device"])
 
 
-def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any]) -> Path:
+def save_checkpoint(engine: Trainer, folder: Path, data_state: dict[str, Any]) -> Path:
     """Save the engine's full training state to `folder` (every rank must call this).
 
     Args:
@@ -121,12 +122,12 @@ def save_checkpoint(engine: TorchEngine, folder: Path, data_state: dict[str, Any
     return folder
 
 
-def _model_parallel(engine: TorchEngine) -> int:
+def _model_parallel(engine: Trainer) -> int:
     """How many ranks split one model copy (1 but for a model-parallel megatron engine)."""
     return engine.model_parallel_size
 
 
-def _keyed(engine: TorchEngine, model_sd: Any, optim_sd: Any) -> dict[str, Any]:
+def _keyed(engine: Trainer, model_sd: Any, optim_sd: Any) -> dict[str, Any]:
     """The state DCP saves. A model-parallel shard is a plain tensor that differs between
     ranks under one name, which DCP would take for a replica and write once: each shard
     gets its own keys (``model@mp1``), written by its ranks (data-parallel copies once)."""
@@ -202,7 +203,7 @@ def _write_failure(folder: Path, exc: BaseException) -> CheckpointWriteError:
     )
 
 
-def load_checkpoint(engine: TorchEngine, folder: Path) -> dict[str, Any]:
+def load_checkpoint(engine: Trainer, folder: Path) -> dict[str, Any]:
     """Restore model, optimizer, RNG states and step saved by `save_checkpoint`.
 
     Args:

@@ -21,7 +21,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -163,84 +163,74 @@ class LossTally:
     weighted: dict[str, float] = field(default_factory=dict)
 
 
-class TorchEngine:
-    """Trains a Hugging Face causal LM; one instance per rank."""
+class TrainStep:
+    """The optimizer step both trainers compose (:class:`TorchEngine`, and ``MegatronEngine``
+    with its pipeline schedule and model-parallel clipping): micro-batch accumulation of the
+    GRPO-family or SFT loss normalised by the whole mini-batch's counts across data-parallel
+    ranks, metric reduction, learning-rate warm-up, gradient clipping and the optimizer step.
 
-    def __init__(self, config: TorchEngineConfig):
-        """Load the model, shard it when distributed, and build the optimizer.
+    ``accumulate`` / ``clip_and_step`` replace how the micro-batches run and how gradients
+    are finished (the defaults: :meth:`accumulate`, :meth:`clip_and_step`)."""
 
-        Args:
-            config: engine settings.
-        """
+    def __init__(
+        self,
+        config: TorchEngineConfig,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        dp_size: int = 1,
+        dp_group: Any = None,
+        *,
+        accumulate: Callable[[list[TrainBatch], str, BatchCounts], dict[str, float]] | None = None,
+        clip_and_step: Callable[[], float] | None = None,
+    ):
         self.config = config
-        self.device = training_device()
+        self.module = module
+        self.optimizer = optimizer
+        self.device = device
         self.compute_dtype = resolve_dtype(config.dtype)
+        self.dp_size = dp_size
+        self.dp_group = dp_group  # the ranks that split the data (None: all of them)
+        self._accumulate = accumulate or self.accumulate
+        self._clip_and_step = clip_and_step or self.clip_and_step
         self.step = 0
-        torch.manual_seed(config.seed)
-        random.seed(config.seed)
-        self.hf_model = load_causal_lm(config.model_path, torch.float32)
-        if config.gradient_checkpointing:
-            _enable_activation_checkpointing(self.hf_model)
-        self.hf_model.to(self.device)
-        self.module: nn.Module = CausalLMLogProbs(
-            self.hf_model, config.logprob_chunk_size, config.temperature, config.top_p, config.top_k
-        )
-        self.dp_size = world_size()
-        self.dp_group: Any = None  # the ranks that split the data (None: all of them)
-        self.model_parallel_size, self.model_parallel_rank = 1, 0  # ranks per model copy
-        if self.dp_size > 1:
-            shard_fsdp2(self.module, self.hf_model, self.device)
-        self.optimizer = make_optimizer(self.module, config.optimizer)
 
-    def parallel_layout(self) -> tuple[int, int]:
-        """``(data-parallel size, model-parallel size)``: rank ``r`` trains on data share
-        ``r // model-parallel size`` (the ranks of one model copy are adjacent)."""
-        return self.dp_size, self.model_parallel_size
-
-    # -- forward -----------------------------------------------------------------------
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _forward(
-        self, batch: TrainBatch, return_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with self._autocast():
-            return self.module(
-                batch.input_ids,
-                batch.attention_mask,
-                batch.loss_mask,
-                return_entropy=return_entropy,
-                compute_dtype=self.compute_dtype,
-            )
-
-    @torch.no_grad()
-    def compute_logprobs(
-        self, batch: TrainBatch, micro_batch_size: int | None = None
-    ) -> torch.Tensor:
-        """Log-probs of the loss-masked tokens under the current weights (no gradient).
-
-        Use it for `old_logprobs` before several updates on one rollout batch.
-
-        Args:
-            batch: the sequences to score.
-            micro_batch_size: rows per forward (default: the config's).
-
-        Returns:
-            `[B, L]` fp32 log-probs on the CPU, 0 where the loss mask is 0.
-        """
-        return score_batch(
-            lambda mb: self._forward(mb)[0],
-            batch,
-            micro_batch_size or self.config.micro_batch_size,
-            self.device,
+    def run(self, batch: TrainBatch | Sequence[TrainBatch], objective: str) -> dict[str, float]:
+        """One optimizer step (see :meth:`TorchEngine.train_step`)."""
+        if objective not in ("rl", "sft"):
+            raise ValueError(f"objective must be 'rl' or 'sft', got {objective!r}")
+        self.check_memory_margin()
+        start = time.perf_counter()
+        if isinstance(batch, TrainBatch):
+            micro = list(batch.micro_batches(self.config.micro_batch_size))
+        else:
+            micro = list(batch)
+        if not micro:
+            raise ValueError("train_step got no micro-batches")
+        counts = self.global_counts(micro)
+        self.module.train()
+        warmup = self.config.optimizer.lr_warmup_steps
+        if warmup and self.step <= warmup:
+            # Only through the warm-up: a caller's own schedule (param_groups) rules after it.
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self._accumulate(equalise_micro_batches(micro, self.device), objective, counts)
+        out["grad_norm"] = self._clip_and_step()
+        self.step += 1
+        out.update(
+            lr=self.optimizer.param_groups[0]["lr"],
+            num_tokens=counts.num_tokens,
+            step_time_s=time.perf_counter() - start,
         )
+        return out
 
-    # -- training ----------------------------------------------------------------------
-
-    def _check_memory_margin(self) -> None:
+    def check_memory_margin(self) -> None:
         """Raise MemoryError when less than ``memory_margin_bytes`` of the device is free.
 
         Raises:
@@ -261,49 +251,6 @@ class TorchEngine:
                 "free before the train step (are colocated engines asleep?)"
             )
 
-    def train_step(
-        self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
-    ) -> dict[str, float]:
-        """One optimizer step over a mini-batch, accumulating gradients over micro-batches.
-
-        Args:
-            batch: a mini-batch (split into `micro_batch_size` rows) or its micro-batches
-                (e.g. from token-budget packing); on several ranks, this rank's share.
-            objective: `rl` (GRPO loss, needs advantages) or `sft` (masked NLL).
-
-        Returns:
-            Metrics: `loss` (the mini-batch loss, all ranks), `grad_norm`, `lr`,
-            `num_tokens`, `step_time_s`; the mini-batch `pg_loss` / `kl_loss`; and this
-            rank's token-weighted means of the other loss metrics (`clip_frac`, ...).
-        """
-        if objective not in ("rl", "sft"):
-            raise ValueError(f"objective must be 'rl' or 'sft', got {objective!r}")
-        self._check_memory_margin()
-        start = time.perf_counter()
-        if isinstance(batch, TrainBatch):
-            micro = list(batch.micro_batches(self.config.micro_batch_size))
-        else:
-            micro = list(batch)
-        if not micro:
-            raise ValueError("train_step got no micro-batches")
-        counts = self._global_counts(micro)
-        self.module.train()
-        warmup = self.config.optimizer.lr_warmup_steps
-        if warmup and self.step <= warmup:
-            # Only through the warm-up: a caller's own schedule (param_groups) rules after it.
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lr_at(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        out = self._accumulate(equalise_micro_batches(micro, self.device), objective, counts)
-        out["grad_norm"] = self._clip_and_step()
-        self.step += 1
-        out.update(
-            lr=self.optimizer.param_groups[0]["lr"],
-            num_tokens=counts.num_tokens,
-            step_time_s=time.perf_counter() - start,
-        )
-        return out
-
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then flat."""
         opt = self.config.optimizer
@@ -311,22 +258,34 @@ class TorchEngine:
             return opt.lr
         return opt.lr * (step + 1) / opt.lr_warmup_steps
 
-    def _accumulate(
+    def forward(
+        self, batch: TrainBatch, return_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self.autocast():
+            return self.module(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.loss_mask,
+                return_entropy=return_entropy,
+                compute_dtype=self.compute_dtype,
+            )
+
+    def accumulate(
         self, micro: list[TrainBatch], objective: str, counts: BatchCounts
     ) -> dict[str, float]:
         """Forward + backward every micro-batch (gradients add up); reduce the metrics."""
         tally = LossTally()
-        want_entropy = self._wants_entropy(objective)
+        want_entropy = self.wants_entropy(objective)
         for mb in micro:
             mb = mb.to(self.device)
-            logp, entropy = self._forward(mb, return_entropy=want_entropy)
-            self._micro_loss(logp, entropy, mb, objective, counts, tally).backward()
-        return self._reduce_metrics(tally, micro)
+            logp, entropy = self.forward(mb, return_entropy=want_entropy)
+            self.micro_loss(logp, entropy, mb, objective, counts, tally).backward()
+        return self.reduce_metrics(tally, micro)
 
-    def _wants_entropy(self, objective: str) -> bool:
+    def wants_entropy(self, objective: str) -> bool:
         return objective == "rl" and self.config.loss.entropy_coef > 0
 
-    def _micro_loss(
+    def micro_loss(
         self,
         logp: torch.Tensor,
         entropy: torch.Tensor | None,
@@ -349,15 +308,15 @@ class TorchEngine:
                 tally.weighted[key] = tally.weighted.get(key, 0.0) + value * mb.num_loss_tokens
         return loss
 
-    def _reduce_metrics(self, tally: LossTally, micro: list[TrainBatch]) -> dict[str, float]:
+    def reduce_metrics(self, tally: LossTally, micro: list[TrainBatch]) -> dict[str, float]:
         """The step's metrics from this rank's micro-batches (shares summed over DP)."""
         local_tokens = max(1, sum(mb.num_loss_tokens for mb in micro))
         out = {key: value / local_tokens for key, value in tally.weighted.items()}
         for key, value in tally.shares.items():  # each rank's share is scaled by dp_size
-            out[key] = self._dp_sum(value / self.dp_size)
+            out[key] = self.dp_sum(value / self.dp_size)
         return out
 
-    def _dp_sum(self, value: float) -> float:
+    def dp_sum(self, value: float) -> float:
         """Sum a float over the data-parallel ranks."""
         if self.dp_size == 1:
             return value
@@ -365,7 +324,7 @@ class TorchEngine:
         dist.all_reduce(t, group=self.dp_group)
         return float(t[0])
 
-    def _global_counts(self, micro: list[TrainBatch]) -> BatchCounts:
+    def global_counts(self, micro: list[TrainBatch]) -> BatchCounts:
         tokens = sum(mb.num_loss_tokens for mb in micro)
         seqs = sum(int((mb.loss_mask.sum(dim=-1) > 0).sum()) for mb in micro)
         if self.dp_size > 1:
@@ -376,7 +335,7 @@ class TorchEngine:
             raise ValueError("the mini-batch has no loss tokens (loss_mask is all 0)")
         return BatchCounts(num_tokens=tokens, num_seqs=seqs, dp_size=self.dp_size)
 
-    def _clip_and_step(self) -> float:
+    def clip_and_step(self) -> float:
         max_norm = self.config.optimizer.clip_grad
         params = [p for p in self.module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
@@ -384,6 +343,91 @@ class TorchEngine:
             norm = norm.full_tensor()
         self.optimizer.step()
         return float(norm)
+
+
+class TorchEngine:
+    """Trains a Hugging Face causal LM; one instance per rank."""
+
+    def __init__(self, config: TorchEngineConfig):
+        """Load the model, shard it when distributed, and build the optimizer.
+
+        Args:
+            config: engine settings.
+        """
+        self.config = config
+        self.device = training_device()
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        self.hf_model = load_causal_lm(config.model_path, torch.float32)
+        if config.gradient_checkpointing:
+            _enable_activation_checkpointing(self.hf_model)
+        self.hf_model.to(self.device)
+        self.module: nn.Module = CausalLMLogProbs(
+            self.hf_model, config.logprob_chunk_size, config.temperature, config.top_p, config.top_k
+        )
+        self.dp_size = world_size()
+        self.model_parallel_size, self.model_parallel_rank = 1, 0  # ranks per model copy
+        if self.dp_size > 1:
+            shard_fsdp2(self.module, self.hf_model, self.device)
+        self.optimizer = make_optimizer(self.module, config.optimizer)
+        self.steps = TrainStep(config, self.module, self.optimizer, self.device, self.dp_size)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (restored by :meth:`load_checkpoint`)."""
+        return self.steps.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.steps.step = value
+
+    def parallel_layout(self) -> tuple[int, int]:
+        """``(data-parallel size, model-parallel size)``: rank ``r`` trains on data share
+        ``r // model-parallel size`` (the ranks of one model copy are adjacent)."""
+        return self.dp_size, self.model_parallel_size
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, micro_batch_size: int | None = None
+    ) -> torch.Tensor:
+        """Log-probs of the loss-masked tokens under the current weights (no gradient).
+
+        Use it for `old_logprobs` before several updates on one rollout batch.
+
+        Args:
+            batch: the sequences to score.
+            micro_batch_size: rows per forward (default: the config's).
+
+        Returns:
+            `[B, L]` fp32 log-probs on the CPU, 0 where the loss mask is 0.
+        """
+        return score_batch(
+            lambda mb: self.steps.forward(mb)[0],
+            batch,
+            micro_batch_size or self.config.micro_batch_size,
+            self.device,
+        )
+
+    def train_step(
+        self, batch: TrainBatch | Sequence[TrainBatch], objective: str = "rl"
+    ) -> dict[str, float]:
+        """One optimizer step over a mini-batch, accumulating gradients over micro-batches.
+
+        Args:
+            batch: a mini-batch (split into `micro_batch_size` rows) or its micro-batches
+                (e.g. from token-budget packing); on several ranks, this rank's share.
+            objective: `rl` (GRPO loss, needs advantages) or `sft` (masked NLL).
+
+        Returns:
+            Metrics: `loss` (the mini-batch loss, all ranks), `grad_norm`, `lr`,
+            `num_tokens`, `step_time_s`; the mini-batch `pg_loss` / `kl_loss`; and this
+            rank's token-weighted means of the other loss metrics (`clip_frac`, ...).
+        """
+        return self.steps.run(batch, objective)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then flat."""
+        return self.steps.lr_at(step)
 
     def hf_snapshot(self) -> nn.Module:
         """A transformers model with the current weights: here the trained model itself."""
@@ -409,15 +453,8 @@ class TorchEngine:
 
         return export_hf(self, Path(folder), dtype or self.config.dtype)
 
-
-def make_engine(config: TorchEngineConfig) -> TorchEngine:
-    """The train engine ``config`` asks for: a ``MegatronEngine`` for a
-    ``MegatronEngineConfig`` (the megatron backend), else a :class:`TorchEngine`."""
-    from turnrl.grpo_core.megatron.engine import MegatronEngine, MegatronEngineConfig
-
-    if isinstance(config, MegatronEngineConfig):
-        return MegatronEngine(config)
-    return TorchEngine(config)
+    def close(self) -> None:
+        """Nothing to tear down (the process group belongs to whoever started it)."""
 
 
 def make_optimizer(module: nn.Module, opt: OptimizerConfig) -> torch.optim.Optimizer:
