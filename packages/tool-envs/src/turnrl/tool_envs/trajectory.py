@@ -169,6 +169,30 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def close_turn(
+    chat: ChatTokenizer, ids: Sequence[int], finish_reason: str, stop_reason: str | int | None
+) -> tuple[str, list[int]]:
+    """The text of one engine turn and the ids (mask 0) that close it, per the rule above.
+
+    A turn ending on a stop token needs nothing; one that stopped on a stop string gets the
+    string (when the engine left it out) and the end-of-turn token; a turn cut by ``length``
+    or ``abort`` stays open (empty closing ids).
+
+    Returns:
+        The turn's text without the end-of-turn token (stop string included), and the
+        closing ids.
+    """
+    ends_on_token = bool(ids) and ids[-1] in set(chat.stop_token_ids)
+    text = chat.decode(ids[:-1] if ends_on_token else ids)
+    closing: list[int] = []
+    if finish_reason == "stop" and not ends_on_token:
+        if isinstance(stop_reason, str) and stop_reason and not text.endswith(stop_reason):
+            closing += chat.encode(stop_reason)
+            text += stop_reason
+        closing.append(chat.end_of_turn_id)
+    return text, closing
+
+
 class TrajectoryBuilder:
     """Accumulates one episode's tokens: engine turns (mask 1) and observation deltas (mask 0).
 
@@ -248,15 +272,9 @@ class TrajectoryBuilder:
         self._append(ids, 1, logprobs)
         self.num_turns += 1
         self._turn_open = True
-        stops = set(self.chat.stop_token_ids)
-        ends_on_token = bool(ids) and ids[-1] in stops
-        text = self.chat.decode(ids[:-1] if ends_on_token else ids)
-        if generation.finish_reason == "stop" and not ends_on_token:
-            stop = generation.stop_reason
-            if isinstance(stop, str) and stop and not text.endswith(stop):
-                self._append(self.chat.encode(stop), 0)
-                text += stop
-            self._append([self.chat.end_of_turn_id], 0)
+        text, closing = close_turn(self.chat, ids, generation.finish_reason, generation.stop_reason)
+        if closing:
+            self._append(closing, 0)
             self.num_appended_end_of_turn += 1
         return text
 
