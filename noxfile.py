@@ -292,8 +292,33 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11", tags=["lint"])
 def deps(session: nox.Session) -> None:
-    """Dependency direction and namespace-package rules (ci/check_deps.py)."""
-    session.run("python", "ci/check_deps.py", external=True)
+    """The architecture contract: ``lint-imports`` checks ``[tool.importlinter]`` in
+    pyproject.toml (dependency direction, grpo-core's layers, no import cycles) and
+    ci/test_contract.py that it catches planted back-imports; turnrl stays a PEP 420
+    namespace package; uv.lock matches the pyprojects. (Device code only in npu-runtime is
+    ruff's banned-api, in ``lint``.)"""
+    inits = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("*/*/src/turnrl/__init__.py"))
+    if inits:
+        session.error(f"turnrl is a namespace package every package shares: remove {inits}")
+    # import-linter from the dev group, pytest from rewards' test group (no torch); the
+    # contract reads the other packages' and the apps' sources where they are.
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--package",
+        "turnrl-rewards",
+        "--group",
+        "test",
+        "--group",
+        "dev",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+    roots = [f"packages/{p}/src" for p in PACKAGES] + [f"apps/{a}/src" for a in APPS]
+    pythonpath = os.pathsep.join(str(ROOT / root) for root in roots)
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": pythonpath})
+    session.run("pytest", "ci/test_contract.py", "-p", "no:cacheprovider", "--timeout=120")
     session.run("uv", "lock", "--check", external=True)
 
 

@@ -174,7 +174,7 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     from turnrl_app_retool.stages import sampling
 
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
-    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.megatron.config import megatron_available
     from turnrl.grpo_core.recipe.schema import trainer_config
 
     argv = [

@@ -32,7 +32,7 @@ APP = Path(__file__).resolve().parents[1]
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_the_gpu_preset_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
-    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.megatron.config import megatron_available
     from turnrl.grpo_core.training.tiny_model import TinyModelConfig, build_tiny_model
 
     if not megatron_available():

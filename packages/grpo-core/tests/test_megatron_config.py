@@ -257,7 +257,7 @@ def test_megatron_available_answers_without_importing_or_raising() -> None:
     import importlib.util
     import sys
 
-    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.megatron.config import megatron_available
 
     before = set(sys.modules)
     try:
@@ -271,18 +271,21 @@ def test_megatron_available_answers_without_importing_or_raising() -> None:
 def test_the_attention_settings_choose_the_layer_spec_and_reach_megatron() -> None:
     arch = QwenArchitecture.from_hf_config(QWEN3_4B)
     local = MegatronParallelConfig()
-    assert local.layer_spec == "local" and local.attention_softmax_in_fp32
-    te = MegatronParallelConfig(attention_backend="fused", attention_softmax_in_fp32=False)
+    assert local.layer_spec == "local" and not local.attention_softmax_in_fp32
+    te = MegatronParallelConfig(attention_backend="fused", attention_softmax_in_fp32=True)
     assert te.layer_spec == "te"
-    assert transformer_config_kwargs(arch, te)["attention_softmax_in_fp32"] is False
+    assert transformer_config_kwargs(arch, te)["attention_softmax_in_fp32"] is True
     parsed, rest = parse_megatron_args(
-        ["--attention-backend", "flash", "--no-attention-softmax-in-fp32", "--x"]
+        ["--attention-backend", "flash", "--attention-softmax-in-fp32", "--x"]
     )
     assert (parsed.attention_backend, parsed.attention_softmax_in_fp32, rest) == (
         "flash",
-        False,
+        True,
         ["--x"],
     )
+    assert not parse_megatron_args(["--no-attention-softmax-in-fp32"])[0].attention_softmax_in_fp32
+    # the flags' defaults are the config's: no flag given is the default config
+    assert parse_megatron_args([]) == (MegatronParallelConfig(), [])
     with pytest.raises(ValueError, match="--attention-backend must be one of local, flash"):
         MegatronParallelConfig(attention_backend="sdpa")
 
@@ -315,7 +318,7 @@ def test_the_scripts_architecture_flags_match_qwen3_4b_and_a_wrong_one_is_named(
 
 def test_a_run_this_machine_cannot_train_is_refused_by_flag() -> None:
     from turnrl.grpo_core.megatron.config import check_run
-    from turnrl.grpo_core.megatron.model import megatron_available
+    from turnrl.grpo_core.megatron.config import megatron_available
 
     tp2 = MegatronParallelConfig(tensor_model_parallel_size=2)
     with pytest.raises(ValueError, match="--dtype bfloat16 with --train-backend megatron on"):

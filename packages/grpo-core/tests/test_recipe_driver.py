@@ -19,7 +19,8 @@ import pytest
 from rich.console import Console
 
 from turnrl.grpo_core.recipe import driver
-from turnrl.grpo_core.recipe.driver import RLStage, engine_fleet, open_run, run_main
+from turnrl.grpo_core.recipe.driver import RLStage, open_run, run_main
+from turnrl.grpo_core.recipe.fleet import engine_fleet
 from turnrl.npu_runtime import supervise
 from turnrl.npu_runtime.supervise import StartCancelled
 from turnrl.rollout_router.engine import EngineSpec

@@ -4,7 +4,7 @@ refusal of settings a run does not act on (``turnrl.grpo_core.recipe.schema``)."
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import pytest
@@ -198,6 +198,65 @@ def test_engines_router_loop_and_reference_come_from_the_sections() -> None:
     assert reference_settings(AppConfig(), Path("sft"), trainer) is None  # no KL loss
 
 
+def test_a_loop_seed_in_a_preset_is_refused_naming_the_run_seed() -> None:
+    """The run has one seed, the top-level ``seed``: a ``[loop] seed`` (which the loop's
+    settings would overwrite with it) stops the run, naming both."""
+    config = config_from_dict(AppConfig, {"seed": 3, "loop": {"seed": 7}})
+    with pytest.raises(ValueError, match=r"\[loop\] seed = 7: the run has one seed") as error:
+        check_schema(config, refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+    assert "top-level seed = 3 (--seed)" in str(error.value)
+    config = config_from_dict(AppConfig, {"seed": 7})
+    assert _refused(config) == "" and loop_config(config).seed == 7
+
+
+def test_attention_softmax_in_fp32_has_one_default_and_reaches_megatron() -> None:
+    """Off unless given (Megatron's and slime's ``--attention-softmax-in-fp32``): the run
+    config's default is the megatron engine's and its flag parser's, and a run's value
+    reaches the engine's config."""
+    from turnrl.grpo_core.megatron.config import MegatronParallelConfig, parse_megatron_args
+
+    run = ParallelConfig(train_backend="megatron")
+    assert run.attention_softmax_in_fp32 is False
+    assert MegatronParallelConfig().attention_softmax_in_fp32 is False
+    assert parse_megatron_args([])[0].attention_softmax_in_fp32 is False
+    for value in (False, True):
+        config = AppConfig(parallel=replace(run, attention_softmax_in_fp32=value))
+        parallel = trainer_config(config, Path("m")).parallel  # type: ignore[attr-defined]
+        assert parallel.attention_softmax_in_fp32 is value
+
+
+def test_every_megatron_setting_of_the_run_reaches_the_megatron_config() -> None:
+    """The engine's parallel config is derived from the run's ``parallel`` section by field
+    name: each shared field set away from its default arrives; only the engine's own
+    precision fields (bf16 parameters, fused CUDA kernels) are not run settings."""
+    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
+
+    engine_only = {f.name for f in fields(MegatronParallelConfig)} - {
+        f.name for f in fields(ParallelConfig)
+    }
+    assert engine_only == {"bf16", "fused_kernels"}
+    run = ParallelConfig(
+        train_backend="megatron",
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=3,
+        sequence_parallel=True,
+        recompute_granularity="full",
+        recompute_method="block",
+        recompute_num_layers=2,
+        attention_dropout=0.1,
+        hidden_dropout=0.2,
+        attention_backend="local",
+        attention_softmax_in_fp32=True,
+    )
+    parallel = trainer_config(AppConfig(parallel=run), Path("m")).parallel  # type: ignore[attr-defined]
+    default = MegatronParallelConfig()
+    for name in {f.name for f in fields(MegatronParallelConfig)} - engine_only:
+        assert getattr(parallel, name) == getattr(run, name), name
+        # CP > 1 and a Transformer Engine backend are refused here (TE needs CUDA)
+        cpu_only = name in ("context_parallel_size", "attention_backend")
+        assert cpu_only or getattr(run, name) != getattr(default, name), name
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_reference_scores_the_trainers_distribution_so_the_kl_starts_at_zero(
     tmp_path: Path, dtype: str
@@ -222,7 +281,7 @@ def test_the_reference_scores_the_trainers_distribution_so_the_kl_starts_at_zero
     assert settings is not None
     reference = ReferencePolicy(**settings)
     engine = TorchEngine(trainer)
-    assert reference.dtype == engine.compute_dtype
+    assert reference.dtype == engine.steps.compute_dtype
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 700, (4, 16), generator=g)
     attn = torch.ones_like(ids)

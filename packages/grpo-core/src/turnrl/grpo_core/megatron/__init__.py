@@ -12,12 +12,15 @@
 """
 
 from turnrl.grpo_core.megatron.config import (
+    INSTALL_HINT,
     SUPPORTED_MODEL_TYPES,
     MegatronParallelConfig,
     QwenArchitecture,
     add_megatron_args,
+    megatron_available,
     parallel_config_from_args,
     parse_megatron_args,
+    require_megatron,
     transformer_config_kwargs,
 )
 from turnrl.grpo_core.megatron.convert import (
@@ -31,7 +34,6 @@ from turnrl.grpo_core.megatron.convert import (
     split_qkv,
     split_tensor_parallel,
 )
-from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available, require_megatron
 
 __all__ = [
     "INSTALL_HINT",

@@ -14,6 +14,7 @@ everywhere, and `turnrl.grpo_core.megatron.model` builds the real config from it
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -23,6 +24,23 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 
 RecomputeGranularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
+
+
+INSTALL_HINT = 'pip install "turnrl-grpo-core[megatron]"  (or: uv sync --extra megatron)'
+
+
+def megatron_available() -> bool:
+    """Whether megatron-core is installed (without importing it)."""
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:  # no `megatron` package at all
+        return False
+
+
+def require_megatron() -> None:
+    """Raise an `ImportError` naming the extra to install if megatron-core is missing."""
+    if not megatron_available():
+        raise ImportError(f"the megatron backend needs megatron-core: {INSTALL_HINT}")
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
@@ -210,8 +228,11 @@ class MegatronParallelConfig:
     """`--attention-backend`: `local` (megatron-core's own attention modules, the layer
     spec that runs anywhere, also on the CPU), or Transformer Engine's `flash`, `fused`,
     `unfused` or `auto` kernels (the TE layer spec; CUDA with transformer-engine only)."""
-    attention_softmax_in_fp32: bool = True
-    """`--attention-softmax-in-fp32`: masking and softmax of the attention scores in fp32."""
+    attention_softmax_in_fp32: bool = False
+    """`--attention-softmax-in-fp32`: masking and softmax of the attention scores in fp32.
+    Off unless given, as in Megatron-LM and slime (the tau NPU script passes it; megatron-core's
+    own `TransformerConfig` default is on); the one default, which the run config's
+    `recipe.schema.ParallelConfig` and the flag below read."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -302,21 +323,34 @@ class MegatronParallelConfig:
 
 
 def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add Megatron's parallelism / recompute / precision flags (slime and vime names)."""
+    """Add Megatron's parallelism / recompute / precision flags (slime and vime names); their
+    defaults are :class:`MegatronParallelConfig`'s."""
+    d = MegatronParallelConfig()
     group = parser.add_argument_group("megatron")
-    group.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    group.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    group.add_argument("--context-parallel-size", type=int, default=1)
-    group.add_argument("--sequence-parallel", action="store_true")
-    group.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
-    group.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
-    group.add_argument("--recompute-num-layers", type=int, default=None)
-    group.add_argument("--bf16", action="store_true")
-    group.add_argument("--attention-dropout", type=float, default=0.0)
-    group.add_argument("--hidden-dropout", type=float, default=0.0)
-    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="local")
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+    ):
+        group.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
+    group.add_argument("--sequence-parallel", action="store_true", default=d.sequence_parallel)
     group.add_argument(
-        "--attention-softmax-in-fp32", action=argparse.BooleanOptionalAction, default=True
+        "--recompute-granularity", choices=["full", "selective"], default=d.recompute_granularity
+    )
+    group.add_argument(
+        "--recompute-method", choices=["uniform", "block"], default=d.recompute_method
+    )
+    group.add_argument("--recompute-num-layers", type=int, default=d.recompute_num_layers)
+    group.add_argument("--bf16", action="store_true", default=d.bf16)
+    group.add_argument("--attention-dropout", type=float, default=d.attention_dropout)
+    group.add_argument("--hidden-dropout", type=float, default=d.hidden_dropout)
+    group.add_argument(
+        "--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend
+    )
+    group.add_argument(
+        "--attention-softmax-in-fp32",
+        action=argparse.BooleanOptionalAction,
+        default=d.attention_softmax_in_fp32,
     )
     return parser
 
@@ -420,15 +454,11 @@ def check_run(
             "layers mix bfloat16 and float32 in the backward under CPU autocast (their "
             "autocast hooks are CUDA's); use --dtype float32 on the CPU"
         )
-    p = parallel
-    split = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
-    split *= p.context_parallel_size
+    p, split = parallel, parallel.model_parallel_size
     if ranks % split:
         raise ValueError(
             f"--tensor-model-parallel-size {p.tensor_model_parallel_size}: {ranks} trainer "
             f"rank(s) are not a multiple of TP x PP x CP = {split} ({ranks_flag})"
         )
-    from turnrl.grpo_core.megatron.model import INSTALL_HINT, megatron_available
-
     if not megatron_available():
         raise ValueError(f"--train-backend megatron needs megatron-core: {INSTALL_HINT}")

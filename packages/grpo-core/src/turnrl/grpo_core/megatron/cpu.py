@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from turnrl.grpo_core.megatron.model import require_megatron
+from turnrl.grpo_core.megatron.config import require_megatron
 
 
 class CpuRNGStatesTracker:

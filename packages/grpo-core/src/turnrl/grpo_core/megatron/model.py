@@ -20,7 +20,6 @@ megatron-core is an optional extra: `pip install "turnrl-grpo-core[megatron]"`.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 from turnrl.grpo_core.megatron.config import (
     MegatronParallelConfig,
     QwenArchitecture,
+    require_megatron,
     transformer_config_kwargs,
 )
 from turnrl.grpo_core.megatron.convert import (
@@ -41,22 +41,6 @@ from turnrl.grpo_core.megatron.convert import (
     split_pipeline,
     split_tensor_parallel,
 )
-
-INSTALL_HINT = 'pip install "turnrl-grpo-core[megatron]"  (or: uv sync --extra megatron)'
-
-
-def megatron_available() -> bool:
-    """Whether megatron-core is installed (without importing it)."""
-    try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except ModuleNotFoundError:  # no `megatron` package at all
-        return False
-
-
-def require_megatron() -> None:
-    """Raise an `ImportError` naming the extra to install if megatron-core is missing."""
-    if not megatron_available():
-        raise ImportError(f"the megatron backend needs megatron-core: {INSTALL_HINT}")
 
 
 def build_transformer_config(

@@ -17,8 +17,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from turnrl.grpo_core.megatron.config import MegatronParallelConfig
-from turnrl.grpo_core.megatron.model import require_megatron
+from turnrl.grpo_core.megatron.config import MegatronParallelConfig, require_megatron
 from turnrl.npu_runtime.net import free_port
 
 

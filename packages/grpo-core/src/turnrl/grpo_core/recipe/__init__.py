@@ -17,9 +17,9 @@
   steps, a scheduled learning rate, an early stop on a probe or a time bound, a progress
   bar, every step's metrics to a callback).
 - :mod:`~turnrl.grpo_core.recipe.driver`: how an app's ``main.py`` drives a run: the run
-  folder, config, progress, logger and phases as one ``Run`` (``open_run``), the engines
-  on either runner (``engine_fleet``), the RL stage over a loop (``RLStage``), ``main``'s
-  exit codes (``run_main``).
+  folder, config, progress, logger and phases as one ``Run`` (``open_run``), the RL stage
+  over a loop (``RLStage``), ``main``'s exit codes (``run_main``).
+- :func:`~turnrl.grpo_core.recipe.fleet.engine_fleet`: the engines on either runner.
 
 Apps keep their presets, data, environments and rewards; a run of either app on the Ray
 runner goes through these same functions on a laptop CPU and on a cluster.

@@ -1,13 +1,11 @@
-"""How an app's run is driven, the same in both apps: the run, its engines, its RL stage,
-its command line.
+"""How an app's run is driven, the same in both apps: the run, its RL stage, its command
+line (its engines: :mod:`~turnrl.grpo_core.recipe.fleet`).
 
 - :func:`open_run`: the run folder claimed (a fresh one, or the one ``--resume``
   continues), its ``config.json``, what an earlier run of it finished (``progress.json``),
   torch's thread count, the step logger with the ``--logger`` trackers and the phase
   timer, as one :class:`Run`; :meth:`Run.once` reuses a phase an earlier run finished and
   :meth:`Run.finish` leaves ``summary.json`` and the PNG curves.
-- :func:`engine_fleet`: the engines serving a model, as the local runner's child processes
-  or a Ray run's actors (with the trainer ranks still to start), stopped at exit.
 - :func:`build_rl` and :class:`RLStage`: the RL stage's loop from the config's sections,
   and the stage on it: resumed from the folder's latest checkpoint, a progress bar over the
   steps, every step logged, a checkpoint after the last.
@@ -34,13 +32,12 @@ import faulthandler
 import json
 import signal
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,8 +54,6 @@ from turnrl.grpo_core.recipe.run_folder import (
 if TYPE_CHECKING:
     from turnrl.grpo_core.loop.loop import GRPOLoop
     from turnrl.grpo_core.observe.logger import StepLogger
-    from turnrl.grpo_core.placement.plan import PlacementConfig
-    from turnrl.rollout_router.engine import EngineSpec
 
 T = TypeVar("T")
 
@@ -170,73 +165,6 @@ def open_run(
         logger.close()
 
 
-class Fleet(NamedTuple):
-    """The engines of a run."""
-
-    urls: list[str]
-    """Where each engine serves."""
-    job: Any
-    """The ``RayGRPORun`` that placed them (its trainer ranks not started), or None for
-    the local runner's child processes."""
-    restart: Callable[[str], None]
-    """Start the engine serving at a URL again, where it was (blocks until healthy)."""
-
-
-@contextlib.contextmanager
-def engine_fleet(
-    spec: EngineSpec,
-    log_dir: Path,
-    *,
-    placement: PlacementConfig | None = None,
-    num_local: int = 1,
-    torch_threads: int = 0,
-    cancel: threading.Event | None = None,
-) -> Iterator[Fleet]:
-    """Start the engines serving ``spec``; everything started is stopped at exit.
-
-    With a ``placement``, a Ray run (:func:`~turnrl.grpo_core.recipe.cluster.ray_run`)
-    places the engines and, later, the trainer ranks (``job.start_trainers``, e.g. once
-    SFT wrote their model); without, ``num_local`` engines are started as child processes
-    (:func:`~turnrl.grpo_core.recipe.engines.start_local_engines`). Blocks until they are
-    healthy, so an app that trains meanwhile enters it from a worker thread.
-
-    Args:
-        spec: What every engine serves (the port is chosen where it starts).
-        log_dir: Where the engines' logs go.
-        placement: The Ray run's trainer ranks and engines, or None for the local runner.
-        num_local: How many engines the local runner starts.
-        torch_threads: CPU threads of each Ray trainer rank (0: one per core).
-        cancel: Set from another thread to stop the engines while they start
-            (``StartCancelled``), e.g. when the SFT trained meanwhile is interrupted.
-    """
-    from turnrl.grpo_core.weight_sync.choose import collective_backend, with_weight_transfer
-
-    colocate = placement is not None and placement.colocate
-    # The engines run the weight-transfer engine the loop will use (build_loop chooses alike).
-    spec = with_weight_transfer(spec, collective_backend(spec.device, colocate))
-    if placement is not None:
-        from turnrl.grpo_core.placement.actors import EngineLaunch
-        from turnrl.grpo_core.recipe.cluster import ray_run
-
-        launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
-        with ray_run(placement, launch, torch_threads=torch_threads, cancel=cancel) as job:
-            yield Fleet(list(job.engine_urls), job, job.restart_engine)
-        return
-    from turnrl.grpo_core.recipe.engines import start_local_engines
-
-    servers = start_local_engines(spec, num_local, log_dir, cancel=cancel)
-
-    def restart(url: str) -> None:
-        (server,) = [s for s in servers if s.url == url]
-        server.restart()
-
-    try:
-        yield Fleet([server.url for server in servers], None, restart)
-    finally:
-        for server in servers:
-            server.stop()
-
-
 class RLStage:
     """The RL stage over a built loop: resumed from the run folder's latest checkpoint, a
     progress bar of the steps (the last step's reward), a checkpoint after the last step.
@@ -338,7 +266,7 @@ async def build_rl(
         trainer: Every trainer's engine config (``schema.trainer_config``); the reference
             policy follows its sampling and dtype.
         evaluate: The loop's ``--eval-interval`` hook.
-        restart: Starts a lost engine again where it was (``Fleet.restart``); it rejoins
+        restart: Starts a lost engine again where it was (``fleet.Fleet.restart``); it rejoins
             the router at the weight sync after it is healthy, at most
             :data:`MAX_ENGINE_RESTARTS` times per engine. None: lost engines stay out.
         restarts: Each engine's restarts so far (updated; shared with the run's other

@@ -20,13 +20,15 @@ import argparse
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop.config import LoopConfig
+from turnrl.grpo_core.megatron.config import MegatronParallelConfig
 from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, Switch, add_flags
+from turnrl.grpo_core.recipe.fleet import engine_fleet
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
@@ -155,8 +157,9 @@ class ParallelConfig:
     """[--hidden-dropout]"""
     accumulate_allreduce_grads_in_fp32: bool = False
     """[--accumulate-allreduce-grads-in-fp32]"""
-    attention_softmax_in_fp32: bool = False
-    """[--attention-softmax-in-fp32]"""
+    attention_softmax_in_fp32: bool = MegatronParallelConfig.attention_softmax_in_fp32
+    """Attention masking and softmax in fp32 [--attention-softmax-in-fp32]; the default is
+    the megatron engine's (off, as in Megatron-LM and slime)."""
     attention_backend: str = "auto"
     """[--attention-backend]"""
     use_flash_attn: bool = False
@@ -448,8 +451,9 @@ acts on it)."""
 
 def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str]) -> list[str]:
     """One line per setting the run would ignore: each of ``not_honoured`` (the app's table,
-    usually :data:`NOT_HONOURED` and its own) set away from its default, and the shared
-    sections' combinations no backend, runner or device acts on.
+    usually :data:`NOT_HONOURED` and its own) set away from its default, a ``[loop] seed``
+    (the run's one seed is the top-level ``seed``), and the shared sections' combinations
+    no backend, runner or device acts on.
 
     Args:
         config: An app config with ``model``, ``cluster``, ``parallel`` and ``loop``
@@ -494,6 +498,12 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
             "(token-budget micro-batches of N tokens per data-parallel rank)"
         )
     loop = config.loop
+    if loop.seed != defaults["loop"]["seed"]:
+        lines.append(
+            f"[loop] seed = {loop.seed}: the run has one seed, the top-level seed = "
+            f"{config.seed} (--seed), which also orders the loop's prompts; set seed = "
+            f"{loop.seed} at the top of the preset instead of in [loop]"
+        )
     if loop.asynchronous and c.colocate:
         lines.append(
             "--async with --colocate: colocated engines sleep while the ranks train, and the "
@@ -619,11 +629,10 @@ def engine_spec(config: Any, model: Path, max_model_len: int, extra: Sequence[st
 def engines(
     config: Any, spec: Any, log_dir: Path, on_ray: bool, cancel: threading.Event | None = None
 ) -> Any:
-    """The run's engines from ``spec``, stopped at exit (``recipe.driver.engine_fleet``):
+    """The run's engines from ``spec``, stopped at exit (``recipe.fleet.engine_fleet``):
     placed with the trainer ranks still to start by a Ray run (``on_ray``), or the local
     runner's child processes, each on devices of its own past the trainer's; ``cancel``
     stops them while they start."""
-    from turnrl.grpo_core.recipe.driver import engine_fleet
     from turnrl.rollout_router.engine_env import ready_python
 
     c = config.cluster
@@ -654,8 +663,9 @@ def router_config(config: Any) -> Any:
 
 
 def loop_config(config: Any) -> Any:
-    """The RL loop's settings: the ``loop`` section, seeded by ``--seed``, with token-budget
-    micro-batches of ``--max-tokens-per-gpu`` under ``--use-dynamic-batch-size``."""
+    """The RL loop's settings: the ``loop`` section, seeded by the run's one seed (the
+    top-level ``seed``, ``--seed``; :func:`refusals` refuses a ``[loop] seed``), with
+    token-budget micro-batches of ``--max-tokens-per-gpu`` under ``--use-dynamic-batch-size``."""
     p = config.parallel
     budget = p.max_tokens_per_gpu if p.use_dynamic_batch_size else None
     return replace(config.loop, seed=config.seed, max_tokens_per_micro_batch=budget)
@@ -688,11 +698,12 @@ def reference_settings(config: Any, policy: Path, trainer: Any) -> dict[str, Any
 
 def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineConfig:
     """What an RL trainer (the local one, or each Ray rank) builds from ``policy``: a
-    ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute
-    and dropout from the Megatron flags), else a ``TorchEngineConfig``. dtype, seed,
-    micro-batch, memory margin, optimizer and loss come from the config's sections
-    (``optimizer`` and ``loss`` where it has them) unless ``settings`` give them; the app
-    adds its sampling (temperature, top-p) there.
+    ``MegatronEngineConfig`` under ``--train-backend megatron`` (its parallelism, recompute,
+    dropout and attention: each ``MegatronParallelConfig`` field the ``parallel`` section
+    has, by name, the backend resolved by :func:`attention_backend`), else a
+    ``TorchEngineConfig``. dtype, seed, micro-batch, memory margin, optimizer and loss come
+    from the config's sections (``optimizer`` and ``loss`` where it has them) unless
+    ``settings`` give them; the app adds its sampling (temperature, top-p) there.
 
     Raises:
         ValueError: a setting the megatron engine cannot honour, naming its flag.
@@ -711,22 +722,11 @@ def trainer_config(config: Any, policy: Path, **settings: Any) -> TorchEngineCon
     p = config.parallel
     if p.train_backend != "megatron":
         return TorchEngineConfig(**settings)
-    from turnrl.grpo_core.megatron.config import MegatronParallelConfig
     from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
 
-    parallel = MegatronParallelConfig(
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        sequence_parallel=p.sequence_parallel,
-        recompute_granularity=p.recompute_granularity,  # type: ignore[arg-type]
-        recompute_method=p.recompute_method,  # type: ignore[arg-type]
-        recompute_num_layers=p.recompute_num_layers,
-        attention_dropout=p.attention_dropout,
-        hidden_dropout=p.hidden_dropout,
-        attention_backend=attention_backend(p),
-        attention_softmax_in_fp32=p.attention_softmax_in_fp32,
-    )
+    shared = {f.name for f in fields(MegatronParallelConfig)} & {f.name for f in fields(p)}
+    values = {name: getattr(p, name) for name in shared}
+    parallel = MegatronParallelConfig(**{**values, "attention_backend": attention_backend(p)})
     return MegatronEngineConfig(**settings, parallel=parallel)
 
 
