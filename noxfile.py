@@ -137,7 +137,7 @@ for _version in _expose_pythons(PYTHONS):
 # Folder under packages/ -> its workspace siblings it depends on (the wheel session checks
 # that nothing else is needed).
 PACKAGES = ["npu-runtime", "rollout-router", "tool-envs", "rewards", "grpo-core"]
-APPS = ["tau", "retool"]
+APPS = ["tau", "retool", "agent"]
 
 
 def _sync(session: nox.Session, package: str, *extra: str) -> None:
