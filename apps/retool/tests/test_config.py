@@ -173,8 +173,8 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
     megatron-core is not installed the run is refused at start with the install line."""
     from turnrl_app_retool.stages import sampling
 
-    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
     from turnrl.grpo_core.megatron.config import megatron_available
+    from turnrl.grpo_core.megatron.engine import MegatronEngineConfig
     from turnrl.grpo_core.recipe.schema import trainer_config
 
     argv = [

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 import turnrl_app_retool
-from turnrl_app_retool.cli import FLAG_OF, FLAGS, build_parser, resolve
+from turnrl_app_retool.cli import build_parser, resolve
 from turnrl_app_retool.config import RetoolAppConfig
 
-from turnrl.grpo_core.recipe.flags import RUN_FLAGS
-from turnrl.grpo_core.recipe.schema import NOT_HONOURED, SCHEMA_FLAGS
+from turnrl.grpo_core.recipe.flags import flag_of
+from turnrl.grpo_core.settings import settings
+
+SETTINGS = {s.dotted: s for s in settings(RetoolAppConfig)}
+FLAG_OF = flag_of(RetoolAppConfig)
+NOT_HONOURED = {d: s.meta["refused"] for d, s in SETTINGS.items() if s.meta.get("refused")}
 
 
 def _attributes_read() -> set[str]:
@@ -40,7 +44,11 @@ def _attributes_read() -> set[str]:
 
 def test_every_override_sets_a_field_something_reads() -> None:
     read = _attributes_read()
-    silent = [flag for flag, dest, _, _ in FLAGS if dest.split(".")[-1] not in read]
+    silent = [
+        flag
+        for dest, flag in FLAG_OF.items()
+        if dest.split(".")[-1] not in read and dest not in NOT_HONOURED
+    ]
     assert not silent, f"flags whose field nothing reads: {silent}"
 
 
@@ -62,7 +70,7 @@ def test_every_config_field_is_read() -> None:
 def test_a_setting_the_run_does_not_act_on_is_refused_naming_its_flag(
     dotted: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kind = {d: k for _, d, k in SCHEMA_FLAGS}[dotted]
+    kind = SETTINGS[dotted].flags[0][1]
     value = {int: ["3"], float: ["0.25"], str: ["other"]}.get(kind, [])
     with pytest.raises(SystemExit):
         resolve(["--runner", "local", FLAG_OF[dotted], *value])
@@ -72,17 +80,10 @@ def test_a_setting_the_run_does_not_act_on_is_refused_naming_its_flag(
 
 def test_every_parser_option_is_a_known_flag() -> None:
     """A flag added to the parser by hand is one the tests above do not see: list them."""
-    by_hand = (
-        {
-            a.option_strings[0]
-            for a in build_parser()._actions
-            if a.option_strings and a.option_strings[0] not in {f[0] for f in [*RUN_FLAGS, *FLAGS]}
-        }
-        - {flag for flag, _, _ in SCHEMA_FLAGS}
-        - {a.option_strings[0] for a in _arch_actions()}
-    )
-    assert by_hand == {"-h", "--preset", "--smoke", "--resume", "--val-data", "--print-config"}
-
-
-def _arch_actions() -> list:
-    return [a for a in build_parser()._actions if a.dest.startswith("model.arch.")]
+    declared = {f for s in SETTINGS.values() for f, _ in [*s.flags, *s.meta.get("keys", ())]}
+    by_hand = {
+        a.option_strings[0]
+        for a in build_parser()._actions
+        if a.option_strings and a.option_strings[0] not in declared
+    }
+    assert by_hand == {"-h", "--preset", "--smoke", "--resume", "--print-config"}

@@ -10,18 +10,21 @@ from typing import Any
 
 import pytest
 from turnrl_app_tau import cli
-from turnrl_app_tau.cli import _APP_FLAGS, _SCRIPT_FLAGS, FLAG_OF, resolve
+from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauAppConfig
-from turnrl_app_tau.main import NOT_HONOURED, check_supported, not_honoured
+from turnrl_app_tau.main import check_supported, not_honoured
 from turnrl_app_tau.stages import sampling
 
 from turnrl.grpo_core.recipe import schema
-from turnrl.grpo_core.recipe.flags import RUN_FLAGS
-from turnrl.grpo_core.recipe.schema import ARCH_FLAGS, PLACED_BY_RAY, SCHEMA_FLAGS
+from turnrl.grpo_core.recipe.flags import flag_of
+from turnrl.grpo_core.settings import settings
 
-KIND_OF = {dotted: kind for _, dotted, kind in [*SCHEMA_FLAGS, *_SCRIPT_FLAGS]} | {
-    dotted: kind for _, dotted, kind, _ in [*RUN_FLAGS, *_APP_FLAGS]
-}
+SETTINGS = {s.dotted: s for s in settings(TauAppConfig)}
+FLAG_OF = flag_of(TauAppConfig)
+KIND_OF = {dotted: s.flags[0][1] for dotted, s in SETTINGS.items() if s.flags}
+NOT_HONOURED = {d: s.meta["refused"] for d, s in SETTINGS.items() if s.meta.get("refused")}
+"""The settings a field says are refused (unless the backend or runner it names acts)."""
+PLACED_BY_RAY = sorted(d for d, s in SETTINGS.items() if s.meta.get("acts") == "ray")
 
 
 def _attributes_read_by_the_app() -> set[str]:
@@ -73,8 +76,8 @@ def test_every_flag_is_read_by_the_app_or_refused() -> None:
         if d not in NOT_HONOURED and d.split(".")[-1] not in read and d != "run_dir"
     )
     assert not silent, f"flags that set a field nothing reads and nothing refuses: {silent}"
-    assert {f"--{k.lstrip('-')}" for k, _ in ARCH_FLAGS}  # the arch flags all land in model.arch
     assert set(NOT_HONOURED) <= fields
+    assert "tau.input_key" in NOT_HONOURED and "cluster.colocate" in PLACED_BY_RAY
 
 
 @pytest.mark.parametrize("dotted", sorted(NOT_HONOURED))

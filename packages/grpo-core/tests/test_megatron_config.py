@@ -317,8 +317,7 @@ def test_the_scripts_architecture_flags_match_qwen3_4b_and_a_wrong_one_is_named(
 
 
 def test_a_run_this_machine_cannot_train_is_refused_by_flag() -> None:
-    from turnrl.grpo_core.megatron.config import check_run
-    from turnrl.grpo_core.megatron.config import megatron_available
+    from turnrl.grpo_core.megatron.config import check_run, megatron_available
 
     tp2 = MegatronParallelConfig(tensor_model_parallel_size=2)
     with pytest.raises(ValueError, match="--dtype bfloat16 with --train-backend megatron on"):

@@ -1,5 +1,6 @@
-"""An app's command line (turnrl.grpo_core.recipe.flags): preset < defaults < given flags,
-a resumed run's config.json < given flags, and the clear refusals."""
+"""An app's command line (turnrl.grpo_core.recipe.flags): the flags the config's fields
+declare, preset < defaults < given flags, a resumed run's config.json < given flags, and the
+clear refusals."""
 
 from __future__ import annotations
 
@@ -12,44 +13,39 @@ from typing import Any
 import pytest
 
 from turnrl.grpo_core.recipe.flags import (
-    BOOL,
-    OFF,
-    ON,
-    add_flags,
+    add_config_flags,
     add_run_flags,
     env_fields,
+    flag_of,
     resolve_fields,
 )
 from turnrl.grpo_core.recipe.presets import load_preset
+from turnrl.grpo_core.settings import LIST, OFF, ON, setting
 
 
 @dataclass
 class _Loop:
-    steps: int = 3
-    shuffle: bool = False
-    sft: bool = True
-    filter: bool = True
+    steps: int = setting(3, "--num-rollout", env="X_TURNS")
+    """RL steps."""
+    shuffle: bool = setting(False, "--shuffle", kind=ON)
+    sft: bool = setting(True, ("--no-sft", OFF), ("--sft", ON))
+    filter: bool = setting(True, "--filter")
 
 
 @dataclass
 class _Config:
     preset: str = ""
     loop: _Loop = field(default_factory=_Loop)
-    run_dir: str | None = None
-    seed: int = 0
-    logger: list[str] = field(default_factory=list)
+    run_dir: str | None = setting(None, "--run-dir", kind=str)
+    seed: int = setting(0, "--seed")
+    logger: list[str] = setting("--logger", kind=LIST, default_factory=list)
+    name: str = setting("", env="X_NAME")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 PRESETS = {"cpu-default": "", "smoke": "[loop]\nsteps = 1\n"}
-FLAGS = [
-    ("--num-rollout", "loop.steps", int, "steps"),
-    ("--shuffle", "loop.shuffle", ON, ""),
-    ("--no-sft", "loop.sft", OFF, ""),
-    ("--filter", "loop.filter", BOOL, ""),
-]  # --run-dir, --seed and --logger: add_run_flags' RUN_FLAGS
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +61,7 @@ def _resolve(
 ) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
     add_run_flags(parser, folder)
-    add_flags(parser, FLAGS)
+    add_config_flags(parser, _Config)
     args = vars(parser.parse_args(argv))
     return resolve_fields(args, lambda name: load_preset(_Config, folder, name), defaults)
 
@@ -121,7 +117,30 @@ def test_contradictions_and_missing_runs_are_refused(
 
 
 def test_environment_variables_set_their_fields_and_a_bad_value_is_named() -> None:
-    table = [("X_TURNS", "loop.turns", int), ("X_NAME", "name", str)]
-    assert env_fields(table, {"X_TURNS": "3", "X_NAME": "  ", "OTHER": "1"}) == {"loop.turns": 3}
+    environ = {"X_TURNS": "3", "X_NAME": "  ", "OTHER": "1"}
+    assert env_fields(_Config, environ) == {"loop.steps": 3}
+    assert env_fields(_Config, {"X_NAME": "n"}) == {"name": "n"}
     with pytest.raises(ValueError, match="environment variable X_TURNS='three' is not valid"):
-        env_fields(table, {"X_TURNS": "three"})
+        env_fields(_Config, {"X_TURNS": "three"})
+
+
+def test_each_field_declares_its_flags_once_and_the_parser_and_reverse_map_follow() -> None:
+    """Two flags of one field both parse; the reverse map names the first; the help is the
+    field's docstring (or says what the flag sets)."""
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, _Config)
+    assert vars(parser.parse_args(["--sft"])) == {"loop.sft": True}
+    assert vars(parser.parse_args(["--no-sft"])) == {"loop.sft": False}
+    assert flag_of(_Config) == {
+        "loop.steps": "--num-rollout",
+        "loop.shuffle": "--shuffle",
+        "loop.sft": "--no-sft",
+        "loop.filter": "--filter",
+        "run_dir": "--run-dir",
+        "seed": "--seed",
+        "logger": "--logger",
+    }
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    assert helps["--num-rollout"] == "RL steps." and helps["--filter"] == "sets loop.filter"
+    with pytest.raises(TypeError, match="give its flag's kind"):
+        setting(None, "--x")

@@ -12,15 +12,13 @@ import torch
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop import LoopConfig
+from turnrl.grpo_core.recipe.flags import add_config_flags
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import (
-    NOT_HONOURED,
-    SCHEMA_FLAG_OF,
     ClusterConfig,
     EngineConfig,
     ModelConfig,
     ParallelConfig,
-    add_schema_flags,
     check_schema,
     engine_spec,
     loop_config,
@@ -49,7 +47,7 @@ class AppConfig:
 
 
 def _refused(config: AppConfig) -> str:
-    return "\n".join(refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+    return "\n".join(refusals(config))
 
 
 def test_the_defaults_are_refused_nothing() -> None:
@@ -63,7 +61,7 @@ def test_megatron_flags_are_refused_on_the_torch_backend_naming_the_flag() -> No
     assert "--sequence-parallel True: a Megatron setting" in refused
     assert "--recompute-num-layers 2: a Megatron setting" in refused
     with pytest.raises(ValueError, match="cannot honour") as error:
-        check_schema(config, refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+        check_schema(config, refusals(config))
     assert "--sequence-parallel" in str(error.value) and "--recompute-num-layers" in str(
         error.value
     )
@@ -129,7 +127,7 @@ def test_a_partial_section_keeps_the_apps_own_defaults() -> None:
 
 def test_the_flags_set_the_sections() -> None:
     parser = argparse.ArgumentParser()
-    add_schema_flags(parser)
+    add_config_flags(parser, AppConfig)
     placement = ["--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4", "--colocate"]
     args = parser.parse_args(
         [*placement, "--num-layers", "36", "--qk-layernorm", "--use-dynamic-batch-size"]
@@ -203,7 +201,7 @@ def test_a_loop_seed_in_a_preset_is_refused_naming_the_run_seed() -> None:
     settings would overwrite with it) stops the run, naming both."""
     config = config_from_dict(AppConfig, {"seed": 3, "loop": {"seed": 7}})
     with pytest.raises(ValueError, match=r"\[loop\] seed = 7: the run has one seed") as error:
-        check_schema(config, refusals(config, NOT_HONOURED, SCHEMA_FLAG_OF))
+        check_schema(config, refusals(config))
     assert "top-level seed = 3 (--seed)" in str(error.value)
     config = config_from_dict(AppConfig, {"seed": 7})
     assert _refused(config) == "" and loop_config(config).seed == 7
@@ -315,7 +313,7 @@ def test_the_loss_starts_as_slimes_and_slimes_loss_flags_set_it() -> None:
     )
     assert loss is not SharedConfig().loss
     parser = argparse.ArgumentParser()
-    add_schema_flags(parser)
+    add_config_flags(parser, AppConfig)
     words = ["--calculate-per-token-loss", "--eps-clip-c", "3", "--use-tis", "--tis-clip", "1.5"]
     assert vars(parser.parse_args([*words, "--tis-clip-low", "0.5"])) == {
         "loss.loss_agg_mode": "token-mean",
@@ -337,7 +335,7 @@ def test_the_loss_starts_as_slimes_and_slimes_loss_flags_set_it() -> None:
 
 def test_the_engines_api_server_layout_is_auto_unless_a_flag_turns_it_off() -> None:
     parser = argparse.ArgumentParser()
-    add_schema_flags(parser)
+    add_config_flags(parser, AppConfig)
     assert engine_spec(AppConfig(), Path("m"), 64).api_server_cores == "auto"
     args = parser.parse_args(["--engine-api-server-cores", "off"])
     assert vars(args) == {"engine.api_server_cores": "off"}

@@ -25,6 +25,7 @@ from turnrl.grpo_core.recipe.schema import (
     ModelConfig,
     ParallelConfig,
 )
+from turnrl.grpo_core.settings import APPEND, OFF, setting
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 from turnrl.tool_envs.dapo import DapoConfig
 from turnrl.tool_envs.sandbox.embedded import SandboxSettings
@@ -34,21 +35,22 @@ from turnrl.tool_envs.sandbox.embedded import SandboxSettings
 class DataConfig:
     """Where problems and SFT chats come from (generated when no file is given)."""
 
-    sft_path: str | None = None
-    """ReTool-SFT file (parquet/jsonl) [--sft-data]; None generates SFT chats."""
-    train_path: str | None = None
-    """DAPO-Math-17k file [--train-data]; None generates arithmetic problems."""
-    val_paths: list[str] = field(default_factory=list)
-    """AIME 2024/2025 files [--val-data]; empty: generated held-out problems."""
-    num_sft_chats: int = 2000
+    sft_path: str | None = setting(None, "--sft-data", kind=str)
+    """ReTool-SFT file (parquet/jsonl); None generates SFT chats."""
+    train_path: str | None = setting(None, "--train-data", kind=str)
+    """DAPO-Math-17k file; None generates arithmetic problems."""
+    val_paths: list[str] = setting("--val-data", kind=APPEND, default_factory=list)
+    """AIME 2024/2025 files (the flag repeats, and replaces the preset's); empty: generated
+    held-out problems."""
+    num_sft_chats: int = setting(2000, "--num-sft-chats")
     """Generated SFT chats (when ``sft_path`` is None)."""
-    num_train_problems: int = 2000
+    num_train_problems: int = setting(2000, "--num-train-problems")
     """Generated RL training problems (when ``train_path`` is None)."""
-    num_val_problems: int = 32
+    num_val_problems: int = setting(32, "--num-val-problems")
     """Generated held-out problems (when ``val_paths`` is empty)."""
     max_train_prompts: int | None = None
     """Use at most this many training prompts from ``train_path``."""
-    tool_schema_in_prompt: bool = True
+    tool_schema_in_prompt: bool = setting(True, "--tool-schema-in-prompt")
     """Render the ``code_interpreter`` schema into every prompt (the chat template's tools
     block: ~300 of a generated chat's ~475 tokens). The tiny CPU model learns the tool from SFT
     alone, so ``cpu-default`` leaves it out: ~3x less SFT and prefill work, shorter attention."""
@@ -60,18 +62,18 @@ class RLStageConfig(DapoConfig):
     optimizer: the ``loop``, ``loss`` and ``optimizer`` sections; DAPO's switches:
     ``turnrl.tool_envs.dapo.DapoConfig``)."""
 
-    enabled: bool = True
+    enabled: bool = setting(True, "--no-rl", kind=OFF)
     """Run the RL stage [--no-rl skips it]."""
-    temperature: float = 1.0
-    """Rollout sampling temperature [--rollout-temperature]."""
+    temperature: float = setting(1.0, "--rollout-temperature")
+    """Rollout sampling temperature."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
-    max_turns: int = 4
-    """Most assistant turns per episode [--max-turns]."""
+    max_turns: int = setting(4, "--max-turns")
+    """Most assistant turns per episode."""
     max_prompt_length: int = 512
     """Longest prompt in tokens."""
-    max_response_length: int = 256
-    """Most response tokens (model turns plus tool results) [--max-response-length]."""
+    max_response_length: int = setting(256, "--max-response-length")
+    """Most response tokens (model turns plus tool results)."""
     max_turn_tokens: int = 96
     """Most tokens one model turn may generate."""
     max_inflight: int = 32
@@ -82,13 +84,13 @@ class RLStageConfig(DapoConfig):
 class EvalConfig:
     """Validation: accuracy mean@k and mean turns."""
 
-    n: int = 4
-    """Samples per problem; accuracy is mean@n [--n-val-samples]."""
+    n: int = setting(4, "--n-val-samples")
+    """Samples per problem; accuracy is mean@n."""
     temperature: float = 1.0
     """Validation temperature."""
     top_p: float = 0.6
     """Validation nucleus mass."""
-    max_problems: int | None = None
+    max_problems: int | None = setting(None, "--max-val-problems", kind=int)
     """Evaluate at most this many problems per dataset."""
 
 

@@ -19,6 +19,7 @@ from turnrl.grpo_core.recipe.presets import load_preset, preset_names
 from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import AppConfig
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
+from turnrl.grpo_core.settings import OFF, ON, setting
 from turnrl.tool_envs.tau_data import TauTaskConfig
 
 TAU_REWARDS = ("shaped-group-max", "task")
@@ -29,30 +30,32 @@ TAU_REWARDS = ("shaped-group-max", "task")
 class RolloutSettings:
     """Sampling and episodes (the engines' own settings: the ``engine`` section)."""
 
-    rollout_max_response_len: int = 2048
-    """Most tokens the model generates per turn [--rollout-max-response-len]."""
-    rollout_max_context_len: int = 16384
-    """Most tokens in a whole episode [--rollout-max-context-len]."""
-    rollout_temperature: float = 0.7
-    """Sampling temperature of rollouts [--rollout-temperature]."""
-    max_turns: int = 10
+    rollout_max_response_len: int = setting(2048, "--rollout-max-response-len")
+    """Most tokens the model generates per turn."""
+    rollout_max_context_len: int = setting(16384, "--rollout-max-context-len")
+    """Most tokens in a whole episode."""
+    rollout_temperature: float = setting(0.7, "--rollout-temperature")
+    """Sampling temperature of rollouts."""
+    max_turns: int = setting(10, "--max-turns", env="TAU_MAX_TURNS")
     """Model turns per episode (vime's TAU_MAX_TURNS)."""
-    max_inflight: int = 8
+    max_inflight: int = setting(8, "--max-inflight", env="TAU_MAX_INFLIGHT")
     """Episodes in flight at once (TAU_MAX_INFLIGHT)."""
-    short_tools: bool = False
+    short_tools: bool = setting(False, "--short-tools", kind=ON, env="TAU_SHORT_TOOLS")
     """Tool schemas without descriptions in the prompt (TAU_SHORT_TOOLS)."""
-    tools_in_prompt: bool = True
+    tools_in_prompt: bool = setting(True, "--no-tools-in-prompt", kind=OFF)
     """Render the tool schemas into the system prompt; False leaves them out (a tiny model
     trained from scratch learns the tools from SFT, and the prompt is ~600 tokens shorter)."""
-    custom_generate_function_path: str | None = None
-    """Rollout hook ``(prompts, n) -> samples`` by dotted path [--custom-generate-function-path];
+    custom_generate_function_path: str | None = setting(
+        None, "--custom-generate-function-path", kind=str
+    )
+    """Rollout hook ``(prompts, n) -> samples`` by dotted path;
     None uses the app's tau rollout (episodes under grpo-core's RolloutManager)."""
-    custom_rm_path: str | None = None
-    """Reward hook ``(samples) -> rewards`` by dotted path [--custom-rm-path], called once per
+    custom_rm_path: str | None = setting(None, "--custom-rm-path", kind=str)
+    """Reward hook ``(samples) -> rewards`` by dotted path, called once per
     GRPO group as groups finish (the whole batch with a custom rollout hook); None uses the
     app's tau reward (``tau_reward``)."""
-    tau_reward: str = "shaped-group-max"
-    """The app's reward [--tau-reward]: ``shaped-group-max`` (vime's: task reward plus tool-call
+    tau_reward: str = setting("shaped-group-max", "--tau-reward")
+    """The app's reward: ``shaped-group-max`` (vime's: task reward plus tool-call
     bonuses, over the group maximum; the script pairs it with raw-reward advantages) or
     ``task`` (tau-bench's 0/1 task reward, for group-normalised GRPO advantages)."""
 
@@ -68,19 +71,19 @@ class TauSettings(TauTaskConfig):
     """The task data and the user simulator (``turnrl.tool_envs.tau_data``), the SFT
     warm-up's data, and evaluation."""
 
-    sft_extra_stores: int = 0
+    sft_extra_stores: int = setting(0, "--sft-extra-stores")
     """Synthetic domain: gold conversations of this many other generated stores (other seeds:
     other customers and orders, none of the held-out ones) join the SFT data, so the model
     learns to copy ids from the conversation instead of memorising the training tasks."""
-    sft_train_tasks: bool = True
+    sft_train_tasks: bool = setting(True, ("--no-sft-train-tasks", OFF), ("--sft-train-tasks", ON))
     """The training tasks' own gold conversations join the SFT data; False (synthetic, with
     ``sft_extra_stores``): SFT sees only other stores, so RL's tasks are new to the model and
     it cannot lean on ids it memorised from them."""
-    eval_trials: int = 1
+    eval_trials: int = setting(1, "--num-trials")
     """Trials per held-out task (pass^k for k up to this)."""
-    eval_concurrency: int = 8
+    eval_concurrency: int = setting(8, "--max-concurrency")
     """Evaluation episodes in flight at once."""
-    eval_temperature: float = 0.0
+    eval_temperature: float = setting(0.0, "--eval-temperature")
     """Sampling temperature during evaluation (0: greedy)."""
 
     def __post_init__(self) -> None:

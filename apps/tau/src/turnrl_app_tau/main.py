@@ -23,20 +23,15 @@ from turnrl.grpo_core.recipe.report import report_run
 from turnrl.grpo_core.recipe.stages import run_stages
 from turnrl.npu_runtime.supervise import install_signal_handlers
 from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
-from turnrl_app_tau.cli import FLAG_OF, resolve
+from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.stages import TauStages, console
 
-NOT_HONOURED: dict[str, str] = {
-    **schema.NOT_HONOURED,
-    "tau.input_key": "tasks are read by index from the tau-bench data",
-}
-"""Settings the app does not act on, with why: any value but the default is refused."""
-
 
 def not_honoured(config: TauAppConfig) -> list[str]:
-    """One line per setting the run would ignore (grpo-core's ``schema`` and the app's own)."""
-    return schema.refusals(config, NOT_HONOURED, FLAG_OF)
+    """One line per setting the run would ignore (``schema.refusals``: the fields that say
+    they are refused)."""
+    return schema.refusals(config)
 
 
 def check_supported(config: TauAppConfig) -> None:

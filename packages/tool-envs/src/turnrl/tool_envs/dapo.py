@@ -20,7 +20,7 @@ compares (DAPO's, and verl's ``recipe/dapo``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from turnrl.rewards.overlong import OverlongConfig, overlong_penalty_from_mask
@@ -33,22 +33,32 @@ FILTER_METRICS = ("acc", "reward")
 class DapoConfig:
     """DAPO's switches (verl's ``algorithm.filter_groups`` and ``reward_model.overlong_buffer``)."""
 
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool = field(
+        default=False, metadata={"flags": (("--dynamic-sampling", "bool"),)}
+    )
     """Drop groups whose ``filter_metric`` is equal for every sample and generate more until
-    ``rollout_batch_size`` groups are kept [--dynamic-sampling]."""
-    filter_metric: str = "acc"
-    """What the filter compares in a group: ``acc`` (correct or not) or ``reward`` [--filter-metric]."""
-    gen_batch_size: int | None = None
+    ``rollout_batch_size`` groups are kept."""
+    filter_metric: str = field(default="acc", metadata={"flags": (("--filter-metric", str),)})
+    """What the filter compares in a group: ``acc`` (correct or not) or ``reward``."""
+    gen_batch_size: int | None = field(
+        default=None, metadata={"flags": (("--gen-batch-size", int),)}
+    )
     """Prompts per generation round under dynamic sampling; None: ``rollout_batch_size``
-    (verl's ``data.gen_batch_size``) [--gen-batch-size]."""
-    max_num_gen_batches: int = 10
+    (verl's ``data.gen_batch_size``)."""
+    max_num_gen_batches: int = field(
+        default=10, metadata={"flags": (("--max-num-gen-batches", int),)}
+    )
     """Most generation rounds per step under dynamic sampling; after them the step trains on
-    the informative groups it found [--max-num-gen-batches]."""
-    overlong_buffer_len: int = 0
+    the informative groups it found."""
+    overlong_buffer_len: int = field(
+        default=0, metadata={"flags": (("--overlong-buffer-len", int),)}
+    )
     """Overlong shaping: penalise model tokens past the longest response minus this, linearly
-    to ``-overlong_penalty_factor``; 0 turns it off [--overlong-buffer-len]."""
-    overlong_penalty_factor: float = 1.0
-    """Overlong penalty at the longest response [--overlong-penalty-factor]."""
+    to ``-overlong_penalty_factor``; 0 turns it off."""
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"flags": (("--overlong-penalty-factor", float),)}
+    )
+    """Overlong penalty at the longest response."""
 
     def __post_init__(self) -> None:
         if self.filter_metric not in FILTER_METRICS:

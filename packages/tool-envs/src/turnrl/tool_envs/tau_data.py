@@ -31,50 +31,63 @@ from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
 class TauTaskConfig:
     """The task data of a tau run and its user simulator."""
 
-    benchmark: str = "tau"
+    benchmark: str = field(default="tau", metadata={"flags": (("--benchmark", str),)})
     """tau (tau-bench from ``tau_bench_dir``, or the synthetic domain) or tau2 (tau2-bench
     from ``tau2_dir``: its train split trained, its test split held out)."""
-    domain: str = "retail"
+    domain: str = field(default="retail", metadata={"flags": (("--domain", str),)})
     """retail or airline (real data), or synthetic (generated mini-retail); tau2: airline,
     retail or telecom (telecom needs ``user_model``: its user calls tools)."""
-    tau2_dir: str | None = None
-    """tau2-bench data folder (airline/, retail/, telecom/, user_simulator/) [--tau2-dir]."""
-    judge_model: str | None = None
+    tau2_dir: str | None = field(default=None, metadata={"flags": (("--tau2-dir", str),)})
+    """tau2-bench data folder (airline/, retail/, telecom/, user_simulator/)."""
+    judge_model: str | None = field(default=None, metadata={"flags": (("--judge-model", str),)})
     """tau2: litellm model judging NL assertions ('local': the engines); None leaves out the
     tasks whose reward they gate (the data step says how many)."""
-    tau_bench_dir: str | None = None
-    """tau-bench data folder with <domain>/ subfolders [--tau-bench-dir]; None: synthetic."""
-    prompt_data: str | None = None
-    """Task file for training [--prompt-data]; default <tau-bench-dir>/<domain>/tasks_<split>.jsonl."""
-    input_key: str = "index"
-    """Key of the task id in prompt records [--input-key]."""
-    split: str = "train"
+    tau_bench_dir: str | None = field(default=None, metadata={"flags": (("--tau-bench-dir", str),)})
+    """tau-bench data folder with <domain>/ subfolders; None: synthetic."""
+    prompt_data: str | None = field(default=None, metadata={"flags": (("--prompt-data", str),)})
+    """Task file for training; default <tau-bench-dir>/<domain>/tasks_<split>.jsonl."""
+    input_key: str = field(
+        default="index",
+        metadata={
+            "flags": (("--input-key", str),),
+            "refused": "tasks are read by index from the tau-bench data",
+        },
+    )
+    """Key of the task id in prompt records."""
+    split: str = field(default="train", metadata={"flags": (("--split", str),)})
     """Task split to read (train, test, dev)."""
-    task_start: int = 0
+    task_start: int = field(default=0, metadata={"flags": (("--task-start", int),)})
     """First task index used."""
-    task_end: int | None = None
+    task_end: int | None = field(default=None, metadata={"flags": (("--task-end", int),)})
     """One past the last task index used (None: all)."""
     synthetic_seed: int = 0
     """Seed of the synthetic domain."""
-    synthetic_num_tasks: int = 48
+    synthetic_num_tasks: int = field(
+        default=48, metadata={"flags": (("--synthetic-num-tasks", int),)}
+    )
     """Tasks generated for the synthetic domain."""
-    synthetic_num_users: int = 24
+    synthetic_num_users: int = field(
+        default=24, metadata={"flags": (("--synthetic-num-users", int),)}
+    )
     """Customers generated for the synthetic domain."""
     synthetic_kinds: list[str] = field(
-        default_factory=lambda: ["status", "cancel", "address", "return", "exchange"]
+        default_factory=lambda: ["status", "cancel", "address", "return", "exchange"],
+        metadata={"flags": (("--synthetic-kinds", "list"),)},
     )
     """Task kinds kept from the synthetic generator (``tau.synth.TASK_KINDS``), each task
     about a distinct (kind, order)."""
-    num_heldout: int = 12
+    num_heldout: int = field(default=12, metadata={"flags": (("--num-heldout", int),)})
     """Tasks held out for evaluation (the last ones; tau2: the first N of the test split)."""
-    policy_in_prompt: bool = True
+    policy_in_prompt: bool = field(
+        default=True, metadata={"flags": (("--no-policy-in-prompt", "off"),)}
+    )
     """The domain policy (wiki) as the system prompt; False puts a one-line system prompt
     (a tiny model cannot read the policy, and SFT steps are cheaper without it)."""
-    user_model: str | None = None
+    user_model: str | None = field(default=None, metadata={"flags": (("--user-model", str),)})
     """litellm user model (e.g. openai/gpt-4o-mini, or local to use the engines); None: scripted."""
-    user_retries: int = 30
+    user_retries: int = field(default=30, metadata={"env": "TAU_USER_LITELLM_RETRIES"})
     """User-simulator LLM retries (TAU_USER_LITELLM_RETRIES)."""
-    user_retry_delay: float = 2.0
+    user_retry_delay: float = field(default=2.0, metadata={"env": "TAU_USER_LITELLM_RETRY_DELAY"})
     """Seconds between retries (TAU_USER_LITELLM_RETRY_DELAY)."""
 
     def __post_init__(self) -> None:

@@ -24,6 +24,12 @@ from turnrl.grpo_core.algos.aggregation import (
 )
 from turnrl.grpo_core.algos.kl import KL_KINDS, KLKind, kl_penalty
 from turnrl.grpo_core.algos.policy_loss import PolicyLossVariant, policy_loss
+from turnrl.grpo_core.settings import Switch, setting
+
+PER_TOKEN_LOSS = Switch(on="token-mean", off="seq-mean-token-mean")
+"""``--calculate-per-token-loss``: the mean over all loss tokens of the batch;
+``--no-calculate-per-token-loss``: slime's default, the mean over samples of each one's
+token mean."""
 
 
 @dataclass
@@ -32,32 +38,34 @@ class ActorLossConfig:
 
     policy_loss: PolicyLossVariant = "ppo"
     """`ppo` (token ratio) or `gspo` (sequence ratio)."""
-    eps_clip: float = 0.2
-    """Lower clip range of the ratio (`--eps-clip`)."""
-    eps_clip_high: float = 0.28
-    """Upper clip range of the ratio (`--eps-clip-high`)."""
-    dual_clip_c: float | None = 3.0
-    """Dual-clip constant (> 1) for negative advantages (`--eps-clip-c`); None disables."""
-    use_kl_loss: bool = False
-    """Add the KL-to-reference loss term (`--use-kl-loss`); needs `ref_logp`."""
-    kl_loss_coef: float = 0.0
-    """Weight of the KL loss term (`--kl-loss-coef`)."""
-    kl_loss_type: KLKind = "low_var_kl"
-    """KL estimator of the loss term (`--kl-loss-type`)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus (`--entropy-coef`); needs `entropy`."""
-    loss_agg_mode: AggregationMode = "token-mean"
+    eps_clip: float = setting(0.2, "--eps-clip")
+    """Lower clip range of the ratio."""
+    eps_clip_high: float = setting(0.28, "--eps-clip-high")
+    """Upper clip range of the ratio."""
+    dual_clip_c: float | None = setting(3.0, "--eps-clip-c")
+    """Dual-clip constant (> 1) for negative advantages; None disables."""
+    use_kl_loss: bool = setting(False, "--use-kl-loss")
+    """Add the KL-to-reference loss term; needs `ref_logp`."""
+    kl_loss_coef: float = setting(0.0, "--kl-loss-coef")
+    """Weight of the KL loss term."""
+    kl_loss_type: KLKind = setting("low_var_kl", "--kl-loss-type")
+    """KL estimator of the loss term."""
+    entropy_coef: float = setting(0.0, "--entropy-coef")
+    """Weight of the entropy bonus; needs `entropy`."""
+    loss_agg_mode: AggregationMode = setting(
+        "token-mean", ("--loss-agg-mode", str), ("--calculate-per-token-loss", PER_TOKEN_LOSS)
+    )
     """How token losses are reduced (see `aggregate_loss`): `token-mean` is slime's
-    `--calculate-per-token-loss`, `seq-mean-token-mean` slime's default (`--loss-agg-mode`)."""
+    `--calculate-per-token-loss`, `seq-mean-token-mean` slime's default."""
     norm_length: float | None = None
     """Constant length for `seq-mean-token-sum-norm`."""
-    use_tis: bool = False
+    use_tis: bool = setting(False, "--use-tis")
     """Weight each token's policy loss by truncated importance sampling, the trainer's over
-    the rollout engine's probability clipped to [`tis_clip_low`, `tis_clip`] (`--use-tis`)."""
-    tis_clip: float = 2.0
-    """Upper clip of the TIS weight (`--tis-clip`)."""
-    tis_clip_low: float = 0.0
-    """Lower clip of the TIS weight (`--tis-clip-low`); 0 leaves it unclipped below."""
+    the rollout engine's probability clipped to [`tis_clip_low`, `tis_clip`]."""
+    tis_clip: float = setting(2.0, "--tis-clip")
+    """Upper clip of the TIS weight."""
+    tis_clip_low: float = setting(0.0, "--tis-clip-low")
+    """Lower clip of the TIS weight; 0 leaves it unclipped below."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from turnrl.grpo_core.algos.advantages import AdvantageMethod
+from turnrl.grpo_core.settings import OFF, ON, setting
 
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageMethod)
 
@@ -21,47 +22,49 @@ ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageMethod)
 class LoopConfig:
     """How one synchronous rollout -> reward -> advantage -> train -> sync step runs."""
 
-    num_rollout: int = 200
-    """Number of rollout/train steps of the run [--num-rollout]."""
-    rollout_batch_size: int = 8
-    """Prompts (tasks) per step [--rollout-batch-size]."""
-    n_samples_per_prompt: int = 2
-    """Samples per prompt, i.e. the GRPO group size [--n-samples-per-prompt]."""
-    global_batch_size: int = 16
+    num_rollout: int = setting(200, "--num-rollout")
+    """Number of rollout/train steps of the run."""
+    rollout_batch_size: int = setting(8, "--rollout-batch-size")
+    """Prompts (tasks) per step."""
+    n_samples_per_prompt: int = setting(2, "--n-samples-per-prompt")
+    """Samples per prompt, i.e. the GRPO group size."""
+    global_batch_size: int = setting(16, "--global-batch-size")
     """Samples per optimizer step; a step's samples are split into
-    ``rollout_batch_size * n_samples_per_prompt / global_batch_size`` updates [--global-batch-size]."""
-    advantage_estimator: str = "grpo"
-    """Advantage estimator (grpo, dr_grpo, gspo, rloo, reinforce_plus_plus...) [--advantage-estimator]."""
-    rewards_normalization: bool = True
+    ``rollout_batch_size * n_samples_per_prompt / global_batch_size`` updates."""
+    advantage_estimator: str = setting("grpo", "--advantage-estimator")
+    """Advantage estimator (grpo, dr_grpo, gspo, rloo, reinforce_plus_plus...)."""
+    rewards_normalization: bool = setting(
+        True, ("--disable-rewards-normalization", OFF), ("--rewards-normalization", ON)
+    )
     """Subtract the group mean (and divide by the std for grpo/gspo) before the estimator's
     broadcast; False uses the raw reward as every token's advantage, as slime does with
-    [--disable-rewards-normalization]."""
+    ``--disable-rewards-normalization``."""
     grpo_std_normalization: bool = True
     """Divide by the group standard deviation in grpo [--disable-grpo-std-normalization turns off]."""
-    rollout_shuffle: bool = False
-    """Shuffle the prompts every epoch [--rollout-shuffle]."""
-    eval_interval: int = 0
-    """Run the evaluation hook every this many steps; 0 never [--eval-interval]."""
-    save_interval: int = 0
-    """Save a training checkpoint every this many steps; 0 never [--save-interval]."""
+    rollout_shuffle: bool = setting(False, "--rollout-shuffle")
+    """Shuffle the prompts every epoch."""
+    eval_interval: int = setting(0, "--eval-interval")
+    """Run the evaluation hook every this many steps; 0 never."""
+    save_interval: int = setting(0, "--save-interval")
+    """Save a training checkpoint every this many steps; 0 never."""
     seed: int = 1234
     """Seed of the prompt order [--seed]."""
-    asynchronous: bool = False
+    asynchronous: bool = setting(False, "--async", kind=ON)
     """Generate the next steps' rollouts while this one trains
     (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`, slime's ``train_async.py``)
-    instead of one rollout -> train -> sync step after the other [--async]."""
+    instead of one rollout -> train -> sync step after the other."""
     max_tokens_per_micro_batch: int | None = None
     """Dynamic batching: cut each mini-batch into micro-batches of at most this many tokens
     per data-parallel rank (``algos.pack_micro_batches``, the same count on every rank; a
     longer sample gets its own) instead of ``micro_batch_size`` rows; None: off. The loss is
     the same either way (token counts are global). slime's
     [--use-dynamic-batch-size --max-tokens-per-gpu]."""
-    max_off_policy_steps: int = 1
+    max_off_policy_steps: int = setting(1, "--max-off-policy-steps")
     """Asynchronous mode only (:class:`~turnrl.grpo_core.loop.async_loop.AsyncGRPOLoop`): a
     group generated with weights of version ``v`` may be trained at steps ``<= v + N``
     (at most N steps off-policy); staler groups are aborted or dropped. 0 trains on-policy
     only (no overlap). slime's ``train_async.py`` is fixed at 1; verl's fully-async
-    ``staleness_threshold`` plays this role [--max-off-policy-steps]. Apps refuse a
+    ``staleness_threshold`` plays this role. Apps refuse a
     non-default value without ``asynchronous`` (the synchronous loop does not read it)."""
 
     def __post_init__(self) -> None:

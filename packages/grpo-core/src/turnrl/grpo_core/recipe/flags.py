@@ -6,35 +6,21 @@ Both apps resolve their configuration the same way: the preset (``--preset``, ``
 (``"loop.num_rollout"``). A flag left out keeps the value below it (its argparse default
 is ``SUPPRESS``), so what a user did not type never overrides a preset.
 
-A flag's ``kind`` is a type (its value is converted), :data:`ON` / :data:`OFF` (a switch
-storing True / False), :data:`BOOL` (``--x`` / ``--no-x``), or a :class:`Switch` (``--x`` /
-``--no-x`` storing two other values).
+Each flag is declared once, on the config field it sets (``turnrl.grpo_core.settings``):
+:func:`add_config_flags` adds every field's flags, :func:`flag_of` names the flag of a
+dotted field and :func:`env_fields` reads the fields environment variables set.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from turnrl.grpo_core.recipe.presets import preset_argument, preset_names
 from turnrl.grpo_core.recipe.run_folder import read_run_config
-
-ON, OFF, BOOL = "on", "off", "bool"
-"""Kinds of switch flags: store True, store False, ``--x`` / ``--no-x``."""
-
-
-@dataclass(frozen=True)
-class Switch:
-    """The kind of a ``--x`` / ``--no-x`` flag that stores ``on`` / ``off`` (slime's
-    ``--calculate-per-token-loss`` picks the loss aggregation)."""
-
-    on: Any
-    """What ``--x`` stores."""
-    off: Any
-    """What ``--no-x`` stores."""
+from turnrl.grpo_core.settings import APPEND, BOOL, LIST, OFF, ON, Switch, settings
 
 
 class _SwitchAction(argparse.BooleanOptionalAction):
@@ -49,48 +35,60 @@ class _SwitchAction(argparse.BooleanOptionalAction):
         setattr(namespace, self.dest, self.switch.off if off else self.switch.on)
 
 
-Flag = tuple[str, str, Any, str]
-"""``(flag, "section.field", kind, help)``."""
-
-
 def comma_list(text: str) -> list[str]:
     """A flag's comma-separated values (``"a, b"`` -> ``["a", "b"]``)."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-RUN_FLAGS: list[Flag] = [
-    ("--run-dir", "run_dir", str, "run folder (default runs/<app>-<timestamp>)"),
-    ("--seed", "seed", int, "seed of data, model initialisation, sampling and prompt order"),
-    (
-        "--logger",
-        "logger",
-        comma_list,
-        "experiment trackers besides TensorBoard, comma-separated: wandb,mlflow,swanlab",
-    ),
-]
-"""The run's own flags, the same in every app (:func:`add_run_flags` adds them)."""
-
-
-def add_flags(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: Iterable[Flag]
+def add_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    dest: str,
+    kind: Any,
+    help_: str,
 ) -> None:
-    """Add each flag with ``dest`` its dotted field and no default (see the module)."""
-    for flag, dest, kind, help_ in flags:
-        common: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_}
-        if kind in (ON, OFF):
-            parser.add_argument(flag, action="store_const", const=kind == ON, **common)
-        elif kind == BOOL:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
-        elif isinstance(kind, Switch):
-            parser.add_argument(flag, action=_SwitchAction, switch=kind, **common)
-        else:
-            metavar = flag.lstrip("-").replace("-", "_").upper()
-            parser.add_argument(flag, type=kind, metavar=metavar, **common)
+    """Add ``flag`` of ``kind`` (``turnrl.grpo_core.settings``) with ``dest`` its dotted
+    field and no default (see the module)."""
+    common: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_}
+    metavar = flag.lstrip("-").replace("-", "_").upper()
+    if kind in (ON, OFF):
+        parser.add_argument(flag, action="store_const", const=kind == ON, **common)
+    elif kind == BOOL:
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+    elif isinstance(kind, Switch):
+        parser.add_argument(flag, action=_SwitchAction, switch=kind, **common)
+    elif kind == APPEND:
+        parser.add_argument(flag, action="append", metavar=metavar, **common)
+    else:
+        kind = comma_list if kind == LIST else kind
+        parser.add_argument(flag, type=kind, metavar=metavar, **common)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """Every flag the fields of ``config_cls`` declare: the top-level ones, then one group
+    per section (titled by its name and docstring), a dict field's keys included."""
+    config, groups = config_cls(), {}
+    for s in settings(config_cls):
+        section = s.dotted.split(".")[0] if "." in s.dotted else ""
+        if section not in groups:
+            doc = (type(getattr(config, section)).__doc__ or "").strip() if section else ""
+            title = f"[{section}] {doc.splitlines()[0] if doc else ''}".strip()
+            groups[section] = parser.add_argument_group(title) if section else parser
+        for flag, kind in s.flags:
+            add_flag(groups[section], flag, s.dotted, kind, s.help)
+        for flag, kind in s.meta.get("keys", ()):
+            key = flag.lstrip("-").replace("-", "_")
+            add_flag(groups[section], flag, f"{s.dotted}.{key}", kind, f"sets {s.dotted}[{key!r}]")
+
+
+def flag_of(config_cls: type) -> dict[str, str]:
+    """The (first) flag that sets each field of ``config_cls`` ("section.field")."""
+    return {s.dotted: s.flags[0][0] for s in settings(config_cls) if s.flags}
 
 
 def add_run_flags(parser: argparse.ArgumentParser, presets: Path) -> None:
     """``--preset`` (a name among the ``presets`` folder's files, or a ``.toml`` path),
-    ``--smoke``, ``--resume`` and :data:`RUN_FLAGS`."""
+    ``--smoke`` and ``--resume``."""
     parser.add_argument(
         "--preset",
         type=preset_argument(presets),
@@ -105,7 +103,6 @@ def add_run_flags(parser: argparse.ArgumentParser, presets: Path) -> None:
         action="store_true",
         help="continue the interrupted run in --run-dir (its config.json, then these flags)",
     )
-    add_flags(parser, RUN_FLAGS)
 
 
 def set_field(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -117,24 +114,27 @@ def set_field(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def env_fields(
-    table: Iterable[tuple[str, str, Callable[[str], Any]]], environ: Mapping[str, str]
-) -> dict[str, Any]:
-    """The fields that environment variables set: ``(variable, "section.field", convert)``
-    for each one that is set and not blank (for :func:`resolve_fields`'s ``defaults``).
+def env_fields(config_cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields that environment variables set (a field's ``env``), for each variable that
+    is set and not blank, converted as its flag (a switch: anything but 0 / false is on) or
+    its default's type (for :func:`resolve_fields`'s ``defaults``).
 
     Raises:
-        ValueError: a value ``convert`` rejects (the variable named).
+        ValueError: a value the conversion rejects (the variable named).
     """
     fields = {}
-    for var, dotted, convert in table:
-        if environ.get(var, "").strip():
-            try:
-                fields[dotted] = convert(environ[var])
-            except ValueError:
-                raise ValueError(
-                    f"environment variable {var}={environ[var]!r} is not valid"
-                ) from None
+    for s in settings(config_cls):
+        var = s.meta.get("env")
+        if not var or not environ.get(var, "").strip():
+            continue
+        kind = s.flags[0][1] if s.flags else type(s.default)
+        if kind in (ON, OFF, BOOL, bool):
+            fields[s.dotted] = environ[var].strip().lower() not in ("0", "false")
+            continue
+        try:
+            fields[s.dotted] = kind(environ[var])
+        except ValueError:
+            raise ValueError(f"environment variable {var}={environ[var]!r} is not valid") from None
     return fields
 
 

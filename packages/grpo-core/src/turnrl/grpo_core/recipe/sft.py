@@ -1,6 +1,6 @@
 """The SFT stage both apps run before RL, written once.
 
-:class:`SFTStageConfig` is both apps' ``sft`` section (flags :data:`SFT_FLAGS`);
+:class:`SFTStageConfig` is both apps' ``sft`` section (its fields name their flags);
 :func:`train_sft` runs the stage it describes from a starting model and exports the result.
 
 :func:`run_sft_stage` trains a ``TorchEngine`` through phases (e.g. a curriculum of short
@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from turnrl.grpo_core.recipe.flags import OFF, Flag
+from turnrl.grpo_core.settings import OFF, setting
 from turnrl.grpo_core.training.sft import (
     LR_DECAYS,
     SFTConfig,
@@ -43,44 +43,42 @@ SFT_DONE = "sft.json"
 class SFTStageConfig:
     """The SFT stage before RL (loss on assistant tokens only)."""
 
-    enabled: bool = True
+    enabled: bool = setting(True, "--no-sft", kind=OFF)
     """Run the SFT stage [--no-sft skips it]."""
-    num_steps: int = 500
-    """Optimizer steps on whole conversations [--sft-steps]; 0 skips the stage."""
-    global_batch_size: int = 16
-    """Conversations per optimizer step [--sft-global-batch-size]."""
+    num_steps: int = setting(500, "--sft-steps")
+    """Optimizer steps on whole conversations; 0 skips the stage."""
+    global_batch_size: int = setting(16, "--sft-global-batch-size")
+    """Conversations per optimizer step."""
     micro_batch_size: int = 16
     """Conversations per forward/backward (gradient accumulation above it)."""
-    lr: float = 3e-3
-    """Learning rate [--sft-lr] (a 4B model's is ~1e-5; a tiny random one needs more)."""
-    lr_decay: str = "constant"
-    """``constant``, or ``cosine``: decay to ``min_lr_ratio`` x lr over the stage's steps
-    [--sft-lr-decay]."""
+    lr: float = setting(3e-3, "--sft-lr")
+    """Learning rate (a 4B model's is ~1e-5; a tiny random one needs more)."""
+    lr_decay: str = setting("constant", "--sft-lr-decay")
+    """``constant``, or ``cosine``: decay to ``min_lr_ratio`` x lr over the stage's steps."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps."""
     min_lr_ratio: float = 0.1
     """Cosine decay's final learning rate as a fraction of ``lr``."""
-    probe_target: float = 0.0
+    probe_target: float = setting(0.0, "--sft-probe-target")
     """Stop SFT once this fraction of ``probe_size`` conversations SFT never sees is
     reproduced exactly by greedy decoding given the gold context
     (``grpo_core.training.sft.SFTStop``); ``num_steps`` is then the most steps. 0 runs
-    exactly ``num_steps`` [--sft-probe-target]."""
-    probe_interval: int = 25
-    """Steps between probes [--sft-probe-interval]."""
+    exactly ``num_steps``."""
+    probe_interval: int = setting(25, "--sft-probe-interval")
+    """Steps between probes."""
     probe_size: int = 64
     """Probe conversations."""
-    max_seconds: float = 0.0
-    """Stop SFT after this many seconds even if the probe target is not met (0: no bound)
-    [--sft-max-seconds]."""
-    prefix_steps: int = 0
+    max_seconds: float = setting(0.0, "--sft-max-seconds")
+    """Stop SFT after this many seconds even if the probe target is not met (0: no bound)."""
+    prefix_steps: int = setting(0, "--sft-prefix-steps")
     """Steps run first, without probes, on short prefixes of the conversations (each cut
     after its ``prefix_turns``-th assistant turn, :func:`chat_prefix`), ``prefix_batch_size``
     at a time: a cheap curriculum in which a model trained from scratch learns to copy ids
-    from the conversation; with ``prefix_loss``, the most such steps [--sft-prefix-steps]."""
-    prefix_loss: float = 0.0
+    from the conversation; with ``prefix_loss``, the most such steps."""
+    prefix_loss: float = setting(0.0, "--sft-prefix-loss")
     """End the prefix steps once their mean loss over the last :data:`LOSS_WINDOW` steps is
     at or below this (0: run them all; when a small model learns to copy varies with its
-    seed) [--sft-prefix-loss]."""
+    seed)."""
     prefix_turns: int = 2
     """Assistant turns kept in a prefix."""
     prefix_batch_size: int = 32
@@ -106,26 +104,6 @@ class SFTStageConfig:
     def runs(self) -> bool:
         """Whether the stage trains at all."""
         return self.enabled and self.num_steps > 0
-
-
-SFT_FLAGS: list[Flag] = [
-    ("--no-sft", "sft.enabled", OFF, "skip the SFT stage"),
-    ("--sft-steps", "sft.num_steps", int, "SFT steps on whole conversations (0 skips SFT)"),
-    ("--sft-lr", "sft.lr", float, "SFT learning rate"),
-    ("--sft-global-batch-size", "sft.global_batch_size", int, "conversations per SFT step"),
-    ("--sft-lr-decay", "sft.lr_decay", str, "SFT lr schedule: constant or cosine"),
-    (
-        "--sft-probe-target",
-        "sft.probe_target",
-        float,
-        "stop SFT once this fraction of probe conversations is reproduced greedily (0: fixed steps)",
-    ),
-    ("--sft-probe-interval", "sft.probe_interval", int, "SFT steps between probes"),
-    ("--sft-max-seconds", "sft.max_seconds", float, "time bound of SFT (0: none)"),
-    ("--sft-prefix-steps", "sft.prefix_steps", int, "first SFT steps on short prefixes"),
-    ("--sft-prefix-loss", "sft.prefix_loss", float, "end the prefix steps at this loss"),
-]
-"""The flags of the ``sft`` section."""
 
 
 @dataclass

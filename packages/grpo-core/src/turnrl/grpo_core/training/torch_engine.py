@@ -32,6 +32,7 @@ from torch import nn
 
 from turnrl.grpo_core.algos import ActorLossConfig
 from turnrl.grpo_core.algos.logprobs import check_sampling
+from turnrl.grpo_core.settings import setting
 from turnrl.grpo_core.training.batch import TrainBatch
 from turnrl.grpo_core.training.loss import (
     SHARE_METRICS,
@@ -52,20 +53,20 @@ from turnrl.grpo_core.training.policy import (
 class OptimizerConfig:
     """AdamW settings (slime flag names in brackets)."""
 
-    lr: float = 1e-6
-    """Learning rate, constant [--lr]."""
-    adam_beta1: float = 0.9
-    """AdamW beta1 [--adam-beta1]."""
-    adam_beta2: float = 0.98
-    """AdamW beta2 [--adam-beta2]."""
-    adam_eps: float = 1e-8
-    """AdamW epsilon [--adam-eps]."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay of the weight matrices (not of biases and norms) [--weight-decay]."""
+    lr: float = setting(1e-6, "--lr")
+    """Learning rate, constant."""
+    adam_beta1: float = setting(0.9, "--adam-beta1")
+    """AdamW beta1."""
+    adam_beta2: float = setting(0.98, "--adam-beta2")
+    """AdamW beta2."""
+    adam_eps: float = setting(1e-8, "--adam-eps")
+    """AdamW epsilon."""
+    weight_decay: float = setting(0.1, "--weight-decay")
+    """Decoupled weight decay of the weight matrices (not of biases and norms)."""
     clip_grad: float = 1.0
     """Max global gradient norm; <= 0 only measures the norm [--clip-grad]."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps over which the lr rises linearly to ``lr`` [--lr-warmup-iters]; a fresh
+    lr_warmup_steps: int = setting(0, "--lr-warmup-iters")
+    """Optimizer steps over which the lr rises linearly to ``lr``; a fresh
     AdamW moves every weight by about ``lr`` on its first steps (sign-like updates), which a
     small, sharply trained model may not survive at full lr."""
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import requests
@@ -226,11 +226,11 @@ class SandboxSettings:
     """An app's code interpreter: an external SandboxFusion server, or this package's server
     started for the run (``turnrl-sandbox serve``), and what each run may use."""
 
-    url: str | None = None
-    """External SandboxFusion server [--sandbox-url]; None starts the embedded sandbox."""
-    insecure: bool = False
+    url: str | None = field(default=None, metadata={"flags": (("--sandbox-url", str),)})
+    """External SandboxFusion server; None starts the embedded sandbox."""
+    insecure: bool = field(default=False, metadata={"flags": (("--sandbox-insecure", "on"),)})
     """Let the embedded sandbox serve where it cannot contain runs (not root, no
-    namespaces) [--sandbox-insecure]; otherwise it refuses to start there."""
+    namespaces); otherwise it refuses to start there."""
     run_timeout: float = 30.0
     """Seconds per code run."""
     memory_limit_mb: int = 1024
