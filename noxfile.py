@@ -420,6 +420,17 @@ def tau2_speed(session: nox.Session) -> None:
     session.run("python", "benchmarks/tau2_env.py", *(session.posargs or ["--tasks", "20"]))
 
 
+@nox.session(name="gateway-bench", python="3.11", tags=["bench"])
+@contained
+def gateway_bench(session: nox.Session) -> None:
+    """Opt-in: the agent gateway with 1,000 concurrent tool sessions against a fixed-latency
+    engine, vs the engine driven directly (benchmarks/gateway_sessions.py,
+    docs/benchmarks/gateway.md)."""
+    _sync(session, "tool-envs")
+    args = session.posargs or ["--sessions", "1000", "--out", "docs/benchmarks/gateway.json"]
+    session.run("python", "benchmarks/gateway_sessions.py", *args)
+
+
 @nox.session(python="3.11", tags=["megatron"])
 @contained
 def megatron(session: nox.Session) -> None:

@@ -1,24 +1,18 @@
-"""GRPO step time of apps/tau: Ray runner vs local, or async vs sync loop, in one run (JSON out).
+"""GRPO step time of apps/tau: the asynchronous loop against the synchronous one, in one run
+(JSON out).
 
-``--compare runner`` (default):
-
-The same app config runs twice, one runner after the other, from the same starting weights
-(``--hf-checkpoint``, SFT off, so both RL phases start equal): ``--runner local`` (one
-in-process TorchEngine, engines started by the app) and ``--runner ray`` (grpo-core's
-RayGRPORun: a local Ray, the trainer rank and the engine as Ray actors). For each: the mean
-of ``perf/step_s`` and of its parts (rollout, train, sync) over the steps after the first
-(warm-up), and the start-up phases; then the ratio ray / local of the mean step time.
-
-``--compare async``: both on the Ray runner, the synchronous loop then ``--async``
+Both on the one runner (a local Ray, the trainer rank and the engine as Ray actors), from the
+same starting weights (``--hf-checkpoint``, SFT off): the synchronous loop, then ``--async``
 (AsyncGRPOLoop, staleness 1: the next step's rollouts overlap this step's training and
 sync). Step times of the two loops are measured differently (the async step excludes the
 rollout time it hid), so the figure to compare is the RL phase's wall time per step
-(``phase rl`` / steps), reported as ``ratio ... rl seconds per step``.
+(``phase rl`` / steps), reported as ``ratio ... rl seconds per step``. (Its earlier
+``--compare runner`` mode measured the local runner, since removed: docs/benchmarks/ray_runner.md.)
 
 Usage (an SFT model from any tau run, e.g. ``runs/tau-.../model/sft``)::
 
     python benchmarks/ray_runner.py --hf-checkpoint RUN/model/sft [--num-rollout 8] \\
-        [--compare runner|async] [--out docs/benchmarks/ray_runner.json] [-- more app flags]
+        [--out docs/benchmarks/ray_runner.json] [-- more app flags]
 
 Needs the engine environment (``python -m turnrl.rollout_router.engine_env --device cpu``).
 Run it on a quiet machine: rollouts dominate a step and share the cores with everything.
@@ -39,10 +33,7 @@ from typing import Any
 APP = Path(__file__).resolve().parents[1] / "apps" / "tau"
 PARTS = ("perf/step_s", "perf/rollout_s", "perf/train_s", "perf/sync_s")
 STARTUP = ("engine start (rest)", "trainers start", "rl")
-VARIANTS = {
-    "runner": {"local": ["--runner", "local"], "ray": ["--runner", "ray"]},
-    "async": {"sync": ["--runner", "ray"], "async": ["--runner", "ray", "--async"]},
-}
+VARIANTS = {"async": {"sync": [], "async": ["--async"]}}
 """``--compare`` -> (baseline, variant) names and their app flags."""
 
 
@@ -93,7 +84,7 @@ def main() -> None:
     parser.add_argument("--hf-checkpoint", required=True, help="starting weights of both runs")
     parser.add_argument("--num-rollout", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--compare", choices=sorted(VARIANTS), default="runner")
+    parser.add_argument("--compare", choices=sorted(VARIANTS), default="async")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("app_flags", nargs="*", help="more flags for both runs (after --)")
     args = parser.parse_args()

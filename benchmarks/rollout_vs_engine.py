@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,15 +45,16 @@ from turnrl_app_tau.stages import engine_spec, rollout_config
 
 from turnrl.grpo_core.loop.loop import busy_fractions, episode_time_metrics
 from turnrl.grpo_core.loop.rollout_manager import RolloutManager, RolloutManagerConfig
-from turnrl.grpo_core.recipe.engines import start_local_engines
 from turnrl.grpo_core.recipe.model import policy_start
 from turnrl.grpo_core.recipe.schema import router_config
+from turnrl.npu_runtime.net import free_port
 from turnrl.rollout_router.client import EngineClient
+from turnrl.rollout_router.engine import EngineServer
 from turnrl.rollout_router.protocol import Generation, SamplingParams
 from turnrl.rollout_router.router import Router
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas, user_factory
-from turnrl.tool_envs.tau_episodes import TauEpisodes
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas, user_factory
+from turnrl.tool_envs.tau.episodes import TauEpisodes
 
 
 @dataclass
@@ -149,9 +151,10 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     data = load_tasks_and_domain(config.tau)
     positions = max(4096, config.rollout.rollout_max_context_len)
     policy = policy_start(config, work / "model" / "base", max_positions=positions)
-    servers = start_local_engines(engine_spec(config, policy), 1, work / "logs")
+    spec = dataclasses.replace(engine_spec(config, policy), port=free_port())
+    server = EngineServer(spec, log_dir=work / "logs").start()
     try:
-        urls = [s.url for s in servers]
+        urls = [server.url]
         chat = ChatTokenizer.from_dir(policy)
         r = config.rollout
         tools = tool_schemas(data, r.short_tools, r.tools_in_prompt)
@@ -191,8 +194,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
         return out
     finally:
-        for server in servers:
-            server.stop()
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnrl.tool_envs.tau2.domain import load_domain
-from turnrl.tool_envs.tau2.env import Tau2Env
-from turnrl.tool_envs.tau2.tasks import load_tasks
+from turnrl.tool_envs.tau.tau2.domain import load_domain
+from turnrl.tool_envs.tau.tau2.env import Tau2Env
+from turnrl.tool_envs.tau.tau2.tasks import load_tasks
 from turnrl.tool_envs.user_sim import ScriptedUser
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,8 +27,7 @@ from typing import Any
 import openai
 
 from turnrl.tool_envs.tau import TauEnv
-from turnrl.tool_envs.tau.gold import TaskUser
-from turnrl.tool_envs.tau_data import (
+from turnrl.tool_envs.tau.data import (
     TaskData,
     TauTaskConfig,
     extra_store_conversations,
@@ -36,6 +35,7 @@ from turnrl.tool_envs.tau_data import (
     store_conversations,
     tool_schemas,
 )
+from turnrl.tool_envs.tau.gold import TaskUser
 
 STORES: dict[str, dict[str, Any]] = {
     # The tau app's cpu-default store: status look-ups and cancellations, 40 held out; SFT on
@@ -65,10 +65,11 @@ def _store(key: str) -> TaskData:
     return load_tasks_and_domain(_settings(json.loads(key)))
 
 
-def _tools(store: dict[str, Any]) -> list[dict[str, Any]]:
+def _tools(store: dict[str, Any], always: bool = False) -> list[dict[str, Any]]:
+    """The store's tool schemas when it sends them (or ``always``: a framework runs them)."""
     return (
         tool_schemas(_store(json.dumps(store, sort_keys=True)), short=True)
-        if store["tools"]
+        if store["tools"] or always
         else []
     )
 

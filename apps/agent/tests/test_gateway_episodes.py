@@ -23,8 +23,8 @@ from turnrl_app_agent.stages import (
 from turnrl.grpo_core.loop.rollout_manager import engine_failed
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import Generation, SamplingParams
+from turnrl.tool_envs.tau.data import TauTaskConfig, load_tasks_and_domain
 from turnrl.tool_envs.tau.gold import gold_conversation
-from turnrl.tool_envs.tau_data import TauTaskConfig, load_tasks_and_domain
 
 ROW = {"chain": 0, "fork_reason": None, "prompt_ids": [1, 2], "ids": [1, 2, 3, 4, 5],
        "loss_mask": [0, 0, 1, 1, 0], "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0],

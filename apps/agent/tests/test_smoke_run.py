@@ -29,7 +29,7 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["runner"] == "ray"
+    assert summary["steps"] == 2
     assert summary["score_name"] == "agent reward"
     for phase in ("data", "sft", "eval before RL", "rl", "eval after RL"):
         assert summary["phases_s"][phase] >= 0

@@ -28,7 +28,7 @@ def test_real_scale_presets_follow_the_recipe() -> None:
         assert (c.eval.n, c.eval.temperature, c.eval.top_p) == (30, 1.0, 0.6)
         assert c.rl.max_prompt_length == 2048
         e = c.cluster  # verl's layout: 8 trainer ranks, the engines on the same cards
-        assert (e.runner, e.trainer_ranks, e.colocate) == ("ray", 8, True)
+        assert (e.trainer_ranks, e.colocate) == (8, True)
         assert e.num_engines * e.rollout_num_gpus_per_engine == 8
         assert c.parallel.micro_batch_size == 4 and c.engine.gpu_memory_utilization == 0.9
     assert (
@@ -110,9 +110,7 @@ def test_presets_are_fresh_objects() -> None:
         (["--smoke", "--preset", "qwen3-4b-gpu"], "conflicts with --preset"),
         (["--preset", "nope"], "invalid choice"),
         (["--num-rollout", "many"], "invalid int"),
-        (["--runner", "slurm"], "local or ray"),
-        (["--runner", "local", "--actor-num-gpus-per-node", "2"], "--runner ray places"),
-        (["--runner", "local", "--colocate"], "--runner ray places"),
+        (["--runner", "local"], "unrecognized arguments: --runner"),
         (["--use-dynamic-batch-size"], "dynamic batching needs both"),
         (["--optimizer", "sgd"], "AdamW (adam) is the only optimizer"),
         (["--actor-num-gpus-per-node", "0"], ">= 1"),
@@ -151,9 +149,7 @@ def test_eval_interval_reaches_the_rl_stage() -> None:
 def test_placement_flags_reach_the_config() -> None:
     config, _ = resolve(["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--colocate"])
     e = config.cluster
-    assert (e.runner, e.trainer_ranks, e.num_engines, e.colocate) == ("ray", 2, 2, True)
-    local, _ = resolve(["--smoke", "--runner", "local"])
-    assert local.cluster.runner == "local" and resolve(["--smoke"])[0].cluster.runner == "ray"
+    assert (e.trainer_ranks, e.num_engines, e.colocate) == (2, 2, True)
 
 
 def test_logger_flag_names_the_trackers() -> None:
@@ -216,8 +212,6 @@ def test_the_megatron_backend_flags_reach_the_rl_trainer() -> None:
                 "megatron",
                 "--tensor-model-parallel-size",
                 "2",
-                "--runner",
-                "local",
             ],
             "1 trainer rank(s) are not a multiple",
         ),

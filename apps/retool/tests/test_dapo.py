@@ -1,6 +1,6 @@
 """DAPO in the RL stage: the config/CLI switches (including bad values); its console line
 is grpo-core's ``format_step_line``.
-The shaping and filter values are tool-envs' (``turnrl.tool_envs.dapo``), the filter
+The shaping and filter values are tool-envs' (``turnrl.tool_envs.retool.dapo``), the filter
 grpo-core's RolloutManager (their tests, and the app's vllm smoke run)."""
 
 from __future__ import annotations

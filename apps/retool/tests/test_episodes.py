@@ -17,9 +17,9 @@ from turnrl_app_retool.episodes import episode_settings, validation_record
 from turnrl.grpo_core.training.tiny_model import IM_END, build_tiny_tokenizer
 from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.math_synth import make_problems
 from turnrl.tool_envs.protocol import Generation, SamplingParams
-from turnrl.tool_envs.retool_episodes import generations_text, per_problem_accuracy, run_tasks
+from turnrl.tool_envs.retool.episodes import generations_text, per_problem_accuracy, run_tasks
+from turnrl.tool_envs.retool.synth import make_problems
 from turnrl.tool_envs.sandbox import SandboxClient, SandboxClientConfig
 from turnrl.tool_envs.sandbox.embedded import TEST_SERVER_ARGS, EmbeddedSandbox
 
@@ -178,7 +178,7 @@ async def test_the_apps_sandbox_killed_is_started_again_and_nothing_is_scored_fo
     from turnrl_app_retool.stages import RetoolStages
 
     from turnrl.npu_runtime.supervise import cmdline, descendants
-    from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
+    from turnrl.tool_envs.retool.env import DEFAULT_INSTRUCTION
     from turnrl.tool_envs.sandbox.embedded import can_contain
 
     config = preset("smoke")

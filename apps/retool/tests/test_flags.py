@@ -25,14 +25,15 @@ def _attributes_read() -> set[str]:
     tool-envs modules whose settings the config holds (``SandboxSettings``, ``DapoConfig``)
     (a name check: a field nothing reads at all fails; one sharing its name passes)."""
     import turnrl.grpo_core
-    import turnrl.tool_envs.dapo
+    import turnrl.tool_envs.retool.dapo
     import turnrl.tool_envs.sandbox.embedded
 
     root = Path(turnrl_app_retool.__file__).parent
     paths = [p for p in root.glob("*.py") if p.name not in ("config.py", "cli.py")]
     paths += [p for r in turnrl.grpo_core.__path__ for p in Path(r).rglob("*.py")]
     paths += [
-        Path(m.__file__ or "") for m in (turnrl.tool_envs.dapo, turnrl.tool_envs.sandbox.embedded)
+        Path(m.__file__ or "")
+        for m in (turnrl.tool_envs.retool.dapo, turnrl.tool_envs.sandbox.embedded)
     ]
     names: set[str] = set()
     for path in paths:
@@ -73,7 +74,7 @@ def test_a_setting_the_run_does_not_act_on_is_refused_naming_its_flag(
     kind = SETTINGS[dotted].flags[0][1]
     value = {int: ["3"], float: ["0.25"], str: ["other"]}.get(kind, [])
     with pytest.raises(SystemExit):
-        resolve(["--runner", "local", FLAG_OF[dotted], *value])
+        resolve([FLAG_OF[dotted], *value])
     err = capsys.readouterr().err.split("error:")[-1]  # not the usage line
     assert FLAG_OF[dotted] in err and NOT_HONOURED[dotted] in err
 

@@ -35,7 +35,7 @@ def test_two_trainer_ranks_and_two_colocated_engines(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # 3: leftovers
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["runner"] == "ray" and summary["steps"] == 2
+    assert summary["steps"] == 2
     assert len(set(summary["engine_urls"])) == 2
     for step in summary["train_history"]:
         assert step["train/mismatch_abs_diff"] < 0.01, step

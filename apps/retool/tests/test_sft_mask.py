@@ -7,8 +7,8 @@ from transformers import PreTrainedTokenizerFast
 
 from turnrl.grpo_core.training.sft import build_sft_example, loss_mask_text
 from turnrl.grpo_core.training.tiny_model import build_tiny_tokenizer
-from turnrl.tool_envs.math_synth import make_problems, sft_chat
-from turnrl.tool_envs.retool import CODE_INTERPRETER, DEFAULT_INSTRUCTION
+from turnrl.tool_envs.retool.env import CODE_INTERPRETER, DEFAULT_INSTRUCTION
+from turnrl.tool_envs.retool.synth import make_problems, sft_chat
 
 
 @pytest.fixture(scope="module")

@@ -149,7 +149,7 @@ def test_smoke_run_interrupted_and_resumed(tmp_path: Path) -> None:
     for key in ("score_before", "score_after", "score_delta_se", "verdict", "wall_seconds"):
         assert key in summary, key
     assert summary["steps"] == 3
-    assert summary["runner"] == "ray" and len(set(summary["engine_urls"])) == 2
+    assert len(set(summary["engine_urls"])) == 2
     for step in summary["train_history"]:  # both engines serve what the ranks trained
         assert step["train/mismatch_abs_diff"] < 0.01, step
     rewards_of = [x["critic/rewards/mean"] for x in first_rl[:2]]

@@ -240,7 +240,7 @@ def test_npu_preset_matches_the_script() -> None:
     argv = [a for i, a in enumerate(argv) if i not in (at, at + 1) and a != "--use-flash-attn"]
     assert (npu.parallel.attention_backend, npu.parallel.use_flash_attn) == ("local", False)
     assert npu.rollout.custom_generate_function_path is None  # the app's episode loop
-    assert npu.rollout.custom_rm_path == "turnrl.tool_envs.tau_episodes.batched_tau_rm"
+    assert npu.rollout.custom_rm_path == "turnrl.tool_envs.tau.episodes.batched_tau_rm"
     assert load_function(npu.rollout.custom_rm_path).__name__ == "batched_tau_rm"  # loadable
     flagged = resolve(["--preset", "qwen3-4b-npu", *argv], SCRIPT_ENV).config
     flagged.model.arch = {}

@@ -11,9 +11,9 @@ from turnrl_app_tau.stages import TauStages, evaluate, rollout_config
 from turnrl.grpo_core.recipe.sft import chat_prefix as prefix
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas
+from turnrl.tool_envs.tau.episodes import REWARDS, TauEpisodes, batched_tau_rm
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
-from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes, batched_tau_rm
 
 
 @pytest.fixture(scope="module")

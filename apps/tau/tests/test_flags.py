@@ -23,23 +23,22 @@ SETTINGS = {s.dotted: s for s in settings(TauAppConfig)}
 FLAG_OF = flag_of(TauAppConfig)
 KIND_OF = {dotted: s.flags[0][1] for dotted, s in SETTINGS.items() if s.flags}
 NOT_HONOURED = {d: s.meta["refused"] for d, s in SETTINGS.items() if s.meta.get("refused")}
-"""The settings a field says are refused (unless the backend or runner it names acts)."""
-PLACED_BY_RAY = sorted(d for d, s in SETTINGS.items() if s.meta.get("acts") == "ray")
+"""The settings a field says are refused (unless the backend it names acts)."""
 
 
 def _attributes_read_by_the_app() -> set[str]:
     """Attribute names loaded by the app (outside config.py and cli.py), by grpo-core, which
-    reads the loop / loss / optimizer sections whole, or by tool-envs' ``tau_data``, which
+    reads the loop / loss / optimizer sections whole, or by tool-envs' ``tau.data``, which
     reads the task data settings. A name check, so a field that shares its name with
     another attribute passes; a field nothing reads at all fails."""
     import turnrl.grpo_core
-    import turnrl.tool_envs.tau_data
+    import turnrl.tool_envs.tau.data
 
     paths = [
         p for p in Path(cli.__file__).parent.glob("*.py") if p.name not in ("config.py", "cli.py")
     ]
     paths += [p for root in turnrl.grpo_core.__path__ for p in Path(root).rglob("*.py")]
-    paths.append(Path(turnrl.tool_envs.tau_data.__file__))
+    paths.append(Path(turnrl.tool_envs.tau.data.__file__))
     names: set[str] = set()
     for path in paths:
         tree = ast.parse(path.read_text())
@@ -77,13 +76,13 @@ def test_every_flag_is_read_by_the_app_or_refused() -> None:
     )
     assert not silent, f"flags that set a field nothing reads and nothing refuses: {silent}"
     assert set(NOT_HONOURED) <= fields
-    assert "tau.input_key" in NOT_HONOURED and "cluster.colocate" in PLACED_BY_RAY
+    assert "tau.input_key" in NOT_HONOURED
 
 
 @pytest.mark.parametrize("dotted", sorted(NOT_HONOURED))
 def test_a_setting_the_torch_path_cannot_honour_stops_the_run_naming_its_flag(dotted: str) -> None:
     words = _other_value(dotted)
-    config = resolve([*words, "--runner", "local"], {}).config
+    config = resolve(words, {}).config
     with pytest.raises(ValueError, match="cannot honour") as refused:
         check_supported(config)
     assert words[0] in str(refused.value)
@@ -136,16 +135,9 @@ def test_a_device_setting_is_refused_only_where_the_device_cannot_honour_it() ->
     )
 
 
-@pytest.mark.parametrize("dotted", PLACED_BY_RAY)
-def test_placement_flags_act_on_the_ray_runner_only(dotted: str) -> None:
-    words = _other_value(dotted)
-    assert not_honoured(resolve([*words, "--runner", "local"], {}).config)  # refused there
-    assert not not_honoured(resolve([*words, "--runner", "ray"], {}).config)
-
-
-def test_an_unknown_runner_is_refused() -> None:
-    with pytest.raises(ValueError, match="--runner must be local or ray"):
-        resolve(["--runner", "slurm"], {})
+@pytest.mark.parametrize("flag", ["--actor-num-gpus-per-node", "--actor-num-nodes"])
+def test_placement_flags_act(flag: str) -> None:
+    assert not not_honoured(resolve([flag, "2"], {}).config)
 
 
 def test_max_off_policy_steps_needs_the_async_loop() -> None:
@@ -158,7 +150,7 @@ def test_max_off_policy_steps_needs_the_async_loop() -> None:
 
 def test_async_with_colocated_engines_is_refused() -> None:
     """Colocated engines sleep while the ranks train; the async loop generates meanwhile."""
-    argv = ["--runner", "ray", "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"]
+    argv = ["--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"]
     check_supported(resolve([*argv, "--colocate"], {}).config)
     with pytest.raises(ValueError, match="--async with --colocate"):
         check_supported(resolve([*argv, "--colocate", "--async"], {}).config)
@@ -172,7 +164,7 @@ def test_logger_names_the_trackers_and_an_unknown_one_is_refused() -> None:
         check_supported(resolve(["--logger", "neptune"], {}).config)
 
 
-MEGATRON_RAY = ["--train-backend", "megatron", "--runner", "ray", "--actor-num-gpus-per-node"]
+MEGATRON_RAY = ["--train-backend", "megatron", "--actor-num-gpus-per-node"]
 
 
 def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
@@ -203,7 +195,7 @@ def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
         "uniform",
     )
     assert (p.recompute_num_layers, p.hidden_dropout) == (1, 0.1)
-    on_torch = "\n".join(not_honoured(resolve([*words, "--runner", "ray"], {}).config))
+    on_torch = "\n".join(not_honoured(resolve(words, {}).config))
     assert "--tensor-model-parallel-size 2" in on_torch and "--hidden-dropout" in on_torch
 
 
@@ -211,8 +203,8 @@ def test_the_megatron_backend_acts_on_the_megatron_flags() -> None:
     ("words", "named"),
     [
         (
-            ["--tensor-model-parallel-size", "2", "--runner", "local"],
-            "the local runner trains on one rank",
+            ["--tensor-model-parallel-size", "2"],
+            "1 trainer rank(s) are not a multiple",
         ),
         (
             [*MEGATRON_RAY[2:], "3", "--tensor-model-parallel-size", "2"],

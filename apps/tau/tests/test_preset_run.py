@@ -58,7 +58,7 @@ def test_the_gpu_preset_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]  # 3: leftovers
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["runner"] == "ray" and summary["steps"] == 2
+    assert summary["steps"] == 2
     config = json.loads((run_dir / "config.json").read_text())
     assert config["preset"] == "qwen3-4b-gpu"
     assert config["parallel"]["train_backend"] == "megatron"

@@ -16,9 +16,9 @@ from turnrl_app_tau.stages import evaluate, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas
+from turnrl.tool_envs.tau.episodes import TauEpisodes
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
-from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 pytestmark = pytest.mark.skipif(
     not (TAU_BENCH_DIR / "retail").is_dir(), reason="tau-bench data not present"

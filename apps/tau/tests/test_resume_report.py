@@ -19,7 +19,7 @@ from turnrl_app_tau.stages import TauStages, console
 from turnrl.grpo_core.recipe import load_progress
 from turnrl.grpo_core.recipe.sft import SFT_DONE
 from turnrl.grpo_core.training.checkpoint import TRAINER_STATE
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas
 
 
 def test_resume_reads_the_run_config_then_flags(tmp_path: Path) -> None:

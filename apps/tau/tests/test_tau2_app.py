@@ -15,9 +15,9 @@ from turnrl_app_tau.stages import evaluate, rollout_config
 
 from turnrl.grpo_core.training.tiny_model import build_tiny_model
 from turnrl.tool_envs.chat import ChatTokenizer
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas
+from turnrl.tool_envs.tau.episodes import TauEpisodes
 from turnrl.tool_envs.tau.gold import TaskUser
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
-from turnrl.tool_envs.tau_episodes import TauEpisodes
 
 TAU2_DIR = Path(
     os.environ.get("TURNRL_TAU2_DATA")
@@ -147,7 +147,7 @@ def test_the_tau2_flags_reach_the_settings() -> None:
 
 @needs_data
 def test_the_llm_user_and_the_judge_of_a_tau2_run() -> None:
-    from turnrl.tool_envs.tau_data import judge, user_factory
+    from turnrl.tool_envs.tau.data import judge, user_factory
 
     tau = _settings(domain="retail", user_model="openai/user", judge_model="local")
     user = user_factory(tau, ["http://127.0.0.1:9"])()

@@ -20,10 +20,6 @@ from rich.console import Console
 
 from turnrl.grpo_core.recipe import driver
 from turnrl.grpo_core.recipe.driver import RLStage, open_run, run_main
-from turnrl.grpo_core.recipe.fleet import engine_fleet
-from turnrl.npu_runtime import supervise
-from turnrl.npu_runtime.supervise import StartCancelled
-from turnrl.rollout_router.engine import EngineSpec
 
 
 @dataclasses.dataclass
@@ -118,61 +114,6 @@ def test_torch_threads_are_set_only_when_asked(tmp_path: Path) -> None:
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-
-
-class FakeServer:
-    def __init__(self, index: int, stopped: list[int]) -> None:
-        self.url, self.index, self.stopped = f"http://127.0.0.1:{9000 + index}", index, stopped
-
-    def stop(self, grace: float = 10.0) -> None:
-        self.stopped.append(self.index)
-
-    def restart(self) -> FakeServer:  # EngineServer.restart: stop, then start again
-        self.stop()
-        self.stopped.append(-self.index)  # a start, logged with the stops (minus its index)
-        return self
-
-
-def test_the_local_fleet_stops_its_engines_at_exit_even_on_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import turnrl.grpo_core.recipe.engines as engines
-
-    stopped: list[int] = []
-    asked: list[tuple[int, Path]] = []
-
-    def start(spec: EngineSpec, count: int, log_dir: Path, cancel: Any = None) -> list[FakeServer]:
-        asked.append((count, log_dir))
-        return [FakeServer(i, stopped) for i in range(count)]
-
-    monkeypatch.setattr(engines, "start_local_engines", start)
-    spec = EngineSpec(model="m", device="cpu")
-    with engine_fleet(spec, tmp_path, num_local=2) as (urls, job, restart):
-        assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"] and job is None
-        assert stopped == []
-        restart(urls[1])  # what is left of it stopped, then started again where it was
-        assert stopped == [1, -1]
-    assert stopped == [1, -1, 0, 1] and asked == [(2, tmp_path)]
-    with pytest.raises(RuntimeError, match="SFT failed"), engine_fleet(spec, tmp_path):
-        raise RuntimeError("SFT failed")
-    assert stopped == [1, -1, 0, 1, 0]
-
-
-def test_engines_still_starting_are_stopped_when_cancelled(tmp_path: Path) -> None:
-    """The local runner's engine start waits for health; ``cancel`` (set by a run whose SFT
-    was interrupted meanwhile) ends it at once and stops the process, which here is a
-    stand-in "python" that never serves (no vLLM needed)."""
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\nexec sleep 120\n")
-    python.chmod(0o755)
-    spec = EngineSpec(model="m", device="cpu", python=str(python), health_timeout=120)
-    cancel = threading.Event()
-    threading.Timer(1.0, cancel.set).start()
-    start = time.monotonic()
-    with pytest.raises(StartCancelled), engine_fleet(spec, tmp_path, cancel=cancel):
-        pass
-    assert time.monotonic() - start < 30  # not the 120 s health bound
-    assert supervise.running_processes() == []  # the stand-in was stopped
 
 
 class FakeLoop:
@@ -316,7 +257,6 @@ def test_ctrl_c_stops_a_run_busy_in_its_own_code_at_once(
 ) -> None:
     """SIGINT while the run's own task computes without awaiting (as SFT does): it stops
     there, not when the computation ends, and its exits run (130)."""
-    import threading
 
     exits: list[str] = []
 

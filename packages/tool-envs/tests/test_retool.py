@@ -12,7 +12,7 @@ import pytest
 
 from turnrl.npu_runtime.net import free_port
 from turnrl.tool_envs.protocol import Environment
-from turnrl.tool_envs.retool import (
+from turnrl.tool_envs.retool.env import (
     CODE_INTERPRETER,
     RetoolConfig,
     RetoolEnv,

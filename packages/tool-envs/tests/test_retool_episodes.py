@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.math_data import MathTask
 from turnrl.tool_envs.protocol import SamplingParams
-from turnrl.tool_envs.retool import RetoolConfig
-from turnrl.tool_envs.retool_episodes import (
+from turnrl.tool_envs.retool.data import MathTask
+from turnrl.tool_envs.retool.env import RetoolConfig
+from turnrl.tool_envs.retool.episodes import (
     EpisodeSettings,
     generations_text,
     per_problem_accuracy,

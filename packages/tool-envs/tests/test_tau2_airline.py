@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from turnrl.tool_envs.tau import db as tau_db
-from turnrl.tool_envs.tau2.airline import NOW, AirlineTools, load
-from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
-from turnrl.tool_envs.tau2.toolkit import ToolKind, state_hash
+from turnrl.tool_envs.tau.tau2.airline import NOW, AirlineTools, load
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain, load_domain
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind, state_hash
 
 PRISTINE_HASH = "124e39a664b56402bcd09cb8a6a9cece6acb8462337c969799d5658e3250f263"
 """Upstream's ``get_db_hash()`` of the untouched airline database (tau2's data)."""

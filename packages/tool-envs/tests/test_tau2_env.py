@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.env import GREETING, Tau2Env, Tau2EnvConfig
-from turnrl.tool_envs.tau2.tasks import TaskFormatError, Tau2Task, load_tasks, render_scenario
-from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.env import GREETING, Tau2Env, Tau2EnvConfig
+from turnrl.tool_envs.tau.tau2.tasks import TaskFormatError, Tau2Task, load_tasks, render_scenario
+from turnrl.tool_envs.tau.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 from turnrl.tool_envs.user_sim import ScriptedUser
 
 needs_litellm = pytest.mark.skipif(
@@ -342,7 +342,7 @@ def test_every_task_of_the_data_loads(tau2_data: Any) -> None:
 @needs_litellm
 async def test_the_litellm_judge_retries_and_parses_or_refuses(serve: Any) -> None:
     from turnrl.rewards.tau2 import JudgeFormatError
-    from turnrl.tool_envs.tau2.llm import LiteLLMJudge
+    from turnrl.tool_envs.tau.tau2.llm import LiteLLMJudge
     from turnrl.tool_envs.user_sim import LiteLLMUserConfig
 
     verdict = {"results": [{"expectedOutcome": "a", "reasoning": "r", "metExpectation": False}]}
@@ -362,7 +362,7 @@ async def test_the_litellm_judge_retries_and_parses_or_refuses(serve: Any) -> No
 
 
 def test_the_user_prompt_is_the_guidelines_and_the_scenario(tau2_data: Any) -> None:
-    from turnrl.tool_envs.tau2.llm import user_prompt
+    from turnrl.tool_envs.tau.tau2.llm import user_prompt
 
     template = user_prompt(tau2_data)
     text = template.format(instruction="Instructions:\n\tBuy a.")
@@ -414,7 +414,7 @@ async def test_playing_the_gold_actions_through_an_episode_scores_one(
     """Every task of the ``base`` split (telecom: all 2,285), its gold actions played by the
     agent (and, in telecom, by the user through its own tools), scores 1 (NL verdicts given
     as met); doing nothing passes only tasks whose gold actions change nothing."""
-    from turnrl.tool_envs.tau2.domain import load_domain
+    from turnrl.tool_envs.tau.tau2.domain import load_domain
 
     domain = load_domain(name, tau2_data / name)
     tasks = load_tasks(tau2_data / name, None if name == "telecom" else "base")  # telecom: all
@@ -487,7 +487,7 @@ async def test_an_agent_tool_called_by_the_user_is_an_error_for_the_user_only() 
 
 def test_the_incremental_table_hash_equals_the_plain_one() -> None:
     from turnrl.tool_envs.tau.db import PristineData
-    from turnrl.tool_envs.tau2.toolkit import state_hash
+    from turnrl.tool_envs.tau.tau2.toolkit import state_hash
 
     pristine = PristineData({"b": {"x": {"n": 1, "d": "é"}, "a": {"n": [2, 1]}}, "a": {}})
     db = pristine.new_database()

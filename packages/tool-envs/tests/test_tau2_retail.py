@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from turnrl.tool_envs.tau.db import DataError
-from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
-from turnrl.tool_envs.tau2.retail import RetailTools, load
-from turnrl.tool_envs.tau2.toolkit import ToolKind, state_hash
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain, load_domain
+from turnrl.tool_envs.tau.tau2.retail import RetailTools, load
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind, state_hash
 
 KINDS = {
     "calculate": ToolKind.GENERIC,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
-from turnrl.tool_envs.tau2.telecom import load
-from turnrl.tool_envs.tau2.telecom_crm import CrmTools, load_crm_db, normalize_crm_db
-from turnrl.tool_envs.tau2.toolkit import ToolKind, Toolkit, state_hash
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain, load_domain
+from turnrl.tool_envs.tau.tau2.telecom import load
+from turnrl.tool_envs.tau.tau2.telecom_crm import CrmTools, load_crm_db, normalize_crm_db
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind, Toolkit, state_hash
 
 PRISTINE_CRM_HASH = "304cf5ef059852e117ea801ab9a5efc24c9713ec887679dc2e30acceb4b6742d"
 """tau2's hash of ``TelecomDB.load(db.toml)`` (upstream's ``get_hash()``, data at a2c0247)."""

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from turnrl.tool_envs.tau2.telecom_phone import PhoneTools, load_phone_db
-from turnrl.tool_envs.tau2.toolkit import ToolKind, state_hash
+from turnrl.tool_envs.tau.tau2.telecom_phone import PhoneTools, load_phone_db
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind, state_hash
 
 NUM_TASKS = 2285
 NUM_USER_SETUPS = 1142  # distinct user-side initialisation sequences (assistant actions left out)

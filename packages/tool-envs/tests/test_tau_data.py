@@ -1,4 +1,4 @@
-"""Tasks and domains of a tau run (``turnrl.tool_envs.tau_data``): the synthetic store and its
+"""Tasks and domains of a tau run (``turnrl.tool_envs.tau.data``): the synthetic store and its
 kind mixes, tau-bench folders, the short prompt, tool schemas, and the user simulator."""
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from turnrl.tool_envs.tau.gold import TaskUser
-from turnrl.tool_envs.tau.synth import TASK_KINDS
-from turnrl.tool_envs.tau_data import (
+from turnrl.tool_envs.tau.data import (
     SHORT_SYSTEM_PROMPT,
     TauTaskConfig,
     extra_store_conversations,
@@ -24,6 +22,8 @@ from turnrl.tool_envs.tau_data import (
     tool_schemas,
     user_factory,
 )
+from turnrl.tool_envs.tau.gold import TaskUser
+from turnrl.tool_envs.tau.synth import TASK_KINDS
 
 SMALL = TauTaskConfig(domain="synthetic", synthetic_num_tasks=12, num_heldout=4)
 
@@ -74,7 +74,7 @@ def test_extra_stores_hold_none_of_the_heldout_orders() -> None:
 
 _DATA_DIGEST = """
 import hashlib, json
-from turnrl.tool_envs.tau_data import TauTaskConfig, load_tasks_and_domain
+from turnrl.tool_envs.tau.data import TauTaskConfig, load_tasks_and_domain
 from turnrl.tool_envs.tau.gold import gold_conversation
 settings = TauTaskConfig(domain="synthetic", synthetic_num_tasks=12, num_heldout=4,
                          synthetic_kinds=["status", "cancel"])
@@ -152,7 +152,7 @@ def test_the_user_is_scripted_unless_an_llm_is_named_and_local_means_the_engines
 
 
 def test_engines_playing_the_telecom_user_parse_tool_calls() -> None:
-    from turnrl.tool_envs.tau_data import TauTaskConfig, engine_args
+    from turnrl.tool_envs.tau.data import TauTaskConfig, engine_args
 
     telecom = TauTaskConfig(benchmark="tau2", domain="telecom", user_model="local")
     assert engine_args(telecom, []) == [

@@ -12,9 +12,9 @@ from turnrl.rewards.tau import TauRewardInput
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
+from turnrl.tool_envs.tau.episodes import REWARDS, TauEpisodes, batched_tau_rm, task_rm
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation
 from turnrl.tool_envs.tau.synth import generate
-from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes, batched_tau_rm, task_rm
 from turnrl.tool_envs.tool_calls import from_openai_tool_calls, render_tool_call
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
 

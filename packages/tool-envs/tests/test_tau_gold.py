@@ -11,10 +11,10 @@ from pathlib import Path
 from turnrl.tool_envs.tau import TauEnv
 from turnrl.tool_envs.tau.gold import TaskUser, first_person, gold_conversation, short_tool_schemas
 from turnrl.tool_envs.tau.synth import TASK_KINDS, generate
-from turnrl.tool_envs.tau2 import gold as tau2_gold
-from turnrl.tool_envs.tau2.domain import load_domain
-from turnrl.tool_envs.tau2.env import Tau2Env
-from turnrl.tool_envs.tau2.tasks import load_tasks
+from turnrl.tool_envs.tau.tau2 import gold as tau2_gold
+from turnrl.tool_envs.tau.tau2.domain import load_domain
+from turnrl.tool_envs.tau.tau2.env import Tau2Env
+from turnrl.tool_envs.tau.tau2.tasks import load_tasks
 
 
 async def test_scripted_user() -> None:

@@ -71,6 +71,16 @@ def test_trajectory_validates_its_fields():
         Trajectory([1], [2], [0], [-1.0])
 
 
+def test_trajectory_versions_default_to_unknown_and_are_checked():
+    t = Trajectory([1], [2, 3, 4], [1, 1, 0], [-0.1, -0.2, 0.0], versions=[3, None, None])
+    assert t.versions == [3, -1, -1]
+    assert Trajectory([1], [2, 3], [1, 0], [-0.1, 0.0]).versions == [-1, -1]
+    with pytest.raises(ValueError, match="one per response id"):
+        Trajectory([1], [2, 3], [1, 0], [-0.1, 0.0], versions=[1])
+    with pytest.raises(ValueError, match="-1 where loss_mask is 0"):
+        Trajectory([1], [2, 3], [1, 0], [-0.1, 0.0], versions=[1, 1])
+
+
 def test_trajectory_round_trips_through_json():
     t = Trajectory(
         [1, 2],
@@ -146,6 +156,29 @@ def test_tool_turn_is_token_exact_and_prefix_stable(qwen3):
     check = t.metadata["prefix_check"]
     assert check == {"checked_turns": 1, "mismatched_turns": 0, "first_mismatch_index": None}
     assert t.num_turns == 2 and t.status == "completed" and t.metadata["end_reason"] == "done"
+
+
+def test_each_sampled_token_keeps_its_weight_version(qwen3):
+    """A turn resumed across a weight update has two versions; tool deltas and appended
+    end-of-turn tokens -1; a generation without versions is unknown (-1) throughout."""
+    b = builder(qwen3)
+    text = CALL_TEXT.removesuffix("</tool_call>")
+    g1 = gen(qwen3, text, end=False, stop_reason="</tool_call>")
+    n1 = len(g1.token_ids)
+    g1.versions = [2] * 3 + [3] * (n1 - 3)
+    b.add_generation(g1)
+    b.add_message(CALL_MESSAGE)
+    b.add_observations([TOOL_RESULT])
+    g2 = gen(qwen3, "Your order is pending.")
+    b.add_generation(g2)
+    t = b.finish("completed", "done")
+    n2 = len(g2.token_ids)
+    assert t.versions[:n1] == g1.versions and t.versions[-n2:] == [-1] * n2
+    assert set(t.versions[n1:-n2]) == {-1} and len(t.versions) == len(t.response_ids)
+    g3 = gen(qwen3, "Hi")
+    g3.versions = [1]
+    with pytest.raises(ValueError, match="versions"):
+        builder(qwen3).add_generation(g3)
 
 
 def test_stop_string_gets_masked_end_of_turn(qwen3):

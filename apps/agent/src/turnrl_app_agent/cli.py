@@ -2,7 +2,8 @@
 (declared on the field, ``turnrl.grpo_core.settings``).
 
 A flag overrides the preset (preset < flags; a resumed run: its config.json < flags).
-Subcommands: ``train`` (the default) and ``eval`` (the held-out tasks only).
+Subcommands: ``train`` (the default) and ``eval`` (the held-out tasks only); ``audit`` has
+its own flags (``turnrl_app_agent.audit.build_parser``, dispatched in ``main``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ class Invocation:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``uv run apps/agent [train|eval] ...``."""
-    parser = argparse.ArgumentParser(prog="apps/agent", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="apps/agent",
+        description=__doc__.split("\n")[0],
+        epilog="apps/agent audit --run-dir DIR [--step N]: replay a run's saved trajectories "
+        "through the trainer (apps/agent audit --help)",
+    )
     parser.add_argument("command", nargs="?", choices=["train", "eval"], default="train")
     add_run_flags(parser, PRESET_DIR)
     add_config_flags(parser, AgentAppConfig)

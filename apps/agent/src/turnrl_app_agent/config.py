@@ -55,6 +55,9 @@ class AgentSettings:
     """Evaluation episodes in flight at once."""
     eval_temperature: float = setting(0.0, "--eval-temperature")
     """Sampling temperature during evaluation (0: greedy)."""
+    save_trajectories: bool = setting(True, "--save-trajectories")
+    """Append each rollout's gateway exports to ``run_dir/trajectories/step-<N>.jsonl``
+    (what ``apps/agent audit`` replays)."""
 
     def __post_init__(self) -> None:
         if self.agent and self.agent_command:

@@ -4,7 +4,8 @@ Phases: tasks (``--tasks``), then grpo-core's ``recipe.stages.run_stages`` with 
 part (:mod:`turnrl_app_agent.stages`): policy model -> engines started while SFT warms up on
 the ``--sft-data`` conversations -> evaluation of the held-out tasks -> GRPO steps (one
 gateway session per sample, the agent run against it) -> evaluation again; then
-``recipe.report.report_run``. ``eval`` runs only the evaluation.
+``recipe.report.report_run``. ``eval`` runs only the evaluation; ``audit`` replays a run's
+saved trajectories through the trainer (:mod:`turnrl_app_agent.audit`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from turnrl.grpo_core.recipe.driver import open_run, run_main
 from turnrl.grpo_core.recipe.report import report_run
 from turnrl.grpo_core.recipe.stages import run_stages
 from turnrl.npu_runtime.supervise import install_signal_handlers
+from turnrl_app_agent import audit
 from turnrl_app_agent.agents import load_agent, load_tasks
 from turnrl_app_agent.cli import resolve
 from turnrl_app_agent.config import AgentAppConfig
@@ -65,6 +67,9 @@ async def run(command: str, config: AgentAppConfig, resume: bool = False) -> dic
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["audit"]:
+        return audit_main(args[1:])
     install_signal_handlers()  # engines start from a worker thread: handlers in the main one
 
     def prepare(default_dir: str) -> tuple[str, Coroutine[Any, Any, Any]]:
@@ -74,6 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_dir, run(invocation.command, config, invocation.resume)
 
     return run_main("agent", prepare)
+
+
+def audit_main(argv: Sequence[str]) -> int:
+    """``apps/agent audit --run-dir DIR [--step N]``; returns the process exit code."""
+    args = audit.build_parser().parse_args(list(argv))
+
+    async def work() -> dict[str, Any]:
+        return audit.run_audit(args.run_dir, args.step, console)
+
+    return run_main("agent", lambda _: (str(args.run_dir), work()))
 
 
 if __name__ == "__main__":

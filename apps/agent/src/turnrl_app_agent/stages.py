@@ -35,6 +35,7 @@ from turnrl.tool_envs.gateway.service import Gateway
 from turnrl.tool_envs.protocol import Generation, SamplingParams
 from turnrl.tool_envs.trajectory import Trajectory
 from turnrl_app_agent.agents import Agent, Endpoint, load_agent, load_callable
+from turnrl_app_agent.audit import save_rollout
 from turnrl_app_agent.config import AgentAppConfig
 
 console = Console(highlight=False)
@@ -84,6 +85,7 @@ def to_trajectory(
         row["loss_mask"][n:],
         row["logprobs"][n:],
         reward=float(session["reward"]),
+        versions=row["versions"][n:],
         num_turns=int(row["calls"]),
         group_id=group_id,
         sample_index=index,
@@ -108,8 +110,13 @@ class _Named:
 class GatewayEpisodes:
     """Episodes of one agent through a gateway served at ``url``."""
 
-    def __init__(self, agent: Agent, url: str, engine: _Named, timeout: float) -> None:
+    def __init__(
+        self, agent: Agent, url: str, engine: _Named, timeout: float, keep_rows: bool = False
+    ) -> None:
         self.agent, self.url, self.engine, self.timeout = agent, url, engine, timeout
+        self.keep_rows = keep_rows
+        """Put the export's rows in each trajectory's ``metadata["rows"]`` (saved by the
+        rollout, :func:`turnrl_app_agent.audit.save_rollout`)."""
 
     async def episode(
         self, task: dict[str, Any], group: str, index: int, name: str | None = None
@@ -136,7 +143,10 @@ class GatewayEpisodes:
                     session = (await response.json())["sessions"][0]
                 await http.delete(f"/episodes/{opened['episode']}")
                 self.engine.names.pop(s["id"], None)
-        return to_trajectory(session, error, group, index)
+        traj = to_trajectory(session, error, group, index)
+        if self.keep_rows:
+            traj.metadata["rows"] = session.get("rows") or []
+        return traj
 
 
 @contextlib.asynccontextmanager
@@ -196,16 +206,17 @@ class AgentStages:
             temperature=r.rollout_temperature, max_tokens=r.rollout_max_response_len
         )
         evaluation = replace(train, temperature=self.config.agent.eval_temperature)
-        timeout = self.config.agent.agent_timeout
+        timeout, keep = self.config.agent.agent_timeout, self.config.agent.save_trajectories
         async with (
             gateway(engine, chat, train, r.rollout_max_context_len) as train_url,
             gateway(engine, chat, evaluation, r.rollout_max_context_len) as eval_url,
         ):
             yield AgentServing(
                 self,
-                GatewayEpisodes(self.agent, train_url, engine, timeout),
+                GatewayEpisodes(self.agent, train_url, engine, timeout, keep_rows=keep),
                 GatewayEpisodes(self.agent, eval_url, engine, timeout),
                 router,
+                sampling=train,
             )
 
 
@@ -218,8 +229,11 @@ class AgentServing:
         train: GatewayEpisodes,
         evaluation: GatewayEpisodes,
         router: Router,
+        sampling: SamplingParams | None = None,
     ) -> None:
         self.stages, self.train, self.evaluation, self.router = stages, train, evaluation, router
+        self.sampling = sampling or SamplingParams()
+        """The rollouts' sampling (recorded with the saved trajectories)."""
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         a = self.stages.config.agent
@@ -248,7 +262,9 @@ class AgentServing:
         return record
 
     def rollout(self) -> Rollout:
-        """Every sample one agent run in its own session, under a ``RolloutManager``."""
+        """Every sample one agent run in its own session, under a ``RolloutManager``; with
+        ``--save-trajectories`` each rollout's exports go to the run folder, tagged with the
+        weight version the engines served when it started."""
         episodes, r = self.train, self.stages.config.rollout
         manager = RolloutManager(
             lambda task, index, group, session: episodes.episode(task, group, index, session),
@@ -256,4 +272,15 @@ class AgentServing:
             self.router,
             RolloutManagerConfig(max_concurrency=r.max_inflight),
         )
-        return Rollout(self.stages.train, manager.generate, keep_rewards)
+        if not episodes.keep_rows:
+            return Rollout(self.stages.train, manager.generate, keep_rewards)
+        loops: list[Any] = []
+
+        async def generate(prompts: list[Any], n: int) -> Any:
+            loop = loops[0] if loops else None
+            version = int(getattr(loop, "weight_version", getattr(loop, "step", 0)))
+            samples = await manager.generate(prompts, n)
+            save_rollout(Path(self.stages.config.run_dir or "."), version, self.sampling, samples)
+            return samples
+
+        return Rollout(self.stages.train, generate, keep_rewards, on_loop=loops.append)

@@ -27,7 +27,7 @@ from turnrl.grpo_core.recipe.schema import (
 )
 from turnrl.grpo_core.settings import APPEND, OFF, setting
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
-from turnrl.tool_envs.dapo import DapoConfig
+from turnrl.tool_envs.retool.dapo import DapoConfig
 from turnrl.tool_envs.sandbox.embedded import SandboxSettings
 
 
@@ -60,7 +60,7 @@ class DataConfig:
 class RLStageConfig(DapoConfig):
     """Stage 2: GRPO/DAPO with the code sandbox in the loop (its steps, batches, loss and
     optimizer: the ``loop``, ``loss`` and ``optimizer`` sections; DAPO's switches:
-    ``turnrl.tool_envs.dapo.DapoConfig``)."""
+    ``turnrl.tool_envs.retool.dapo.DapoConfig``)."""
 
     enabled: bool = setting(True, "--no-rl", kind=OFF)
     """Run the RL stage [--no-rl skips it]."""
@@ -100,7 +100,7 @@ class RetoolAppConfig(AppConfig):
     defaults are the recipe's: clip 0.2 / 0.28, dual clip 10, token-mean, no KL)."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(tiny_hidden_size=128))
-    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(runner="ray"))
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     parallel: ParallelConfig = field(
         default_factory=lambda: ParallelConfig(micro_batch_size=16, seq_length=1024)
     )

@@ -1,13 +1,13 @@
 """The ReTool app's data: SFT chats, RL prompts and validation sets, from files or generated
-(``turnrl.tool_envs.math_data``, ``math_synth``)."""
+(``turnrl.tool_envs.retool.data``, ``retool.synth``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from turnrl.tool_envs.math_data import MathTask, load_aime, load_dapo_math, load_retool_sft
-from turnrl.tool_envs.math_synth import (
+from turnrl.tool_envs.retool.data import MathTask, load_aime, load_dapo_math, load_retool_sft
+from turnrl.tool_envs.retool.synth import (
     DATA_SOURCE,
     iter_sft_chats,
     make_problems,

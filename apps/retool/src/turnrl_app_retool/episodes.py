@@ -1,7 +1,7 @@
 """ReTool episode settings from the app config, and the validation record.
 
 The episodes themselves (run, score, per-problem accuracy) are turnrl-tool-envs'
-:mod:`turnrl.tool_envs.retool_episodes`.
+:mod:`turnrl.tool_envs.retool.episodes`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from turnrl.grpo_core.recipe.evaluation import evaluation_record
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
-from turnrl.tool_envs.retool import RetoolConfig
-from turnrl.tool_envs.retool_episodes import EpisodeSettings
+from turnrl.tool_envs.retool.env import RetoolConfig
+from turnrl.tool_envs.retool.episodes import EpisodeSettings
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.sandbox import SandboxClient
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits

@@ -39,7 +39,7 @@ async def run(
     and SFT models are reused, the evaluation before RL is read from ``progress.json`` and
     GRPO continues from the latest checkpoint.
     """
-    from turnrl.tool_envs.retool import DEFAULT_INSTRUCTION
+    from turnrl.tool_envs.retool.env import DEFAULT_INSTRUCTION
 
     console = console or Console()
     os.environ.update(config.env)

@@ -6,7 +6,7 @@
   runs the model's code; :class:`RetoolServing` evaluates every validation set (accuracy
   mean@k, pass^k, turns) and rolls out GRPO, or DAPO when the config asks: each step's groups
   (``rollout_batch_size`` prompts, or with dynamic sampling rounds of ``gen_batch_size``
-  more until enough groups vary, ``turnrl.tool_envs.dapo``) run as episodes with the sandbox
+  more until enough groups vary, ``turnrl.tool_envs.retool.dapo``) run as episodes with the sandbox
   under grpo-core's ``RolloutManager``, scored as they finish (ReTool's reward, plus DAPO's
   overlong penalty when ``rl.overlong_buffer_len > 0``); a dead engine's episodes re-run.
 """
@@ -26,9 +26,9 @@ from turnrl.grpo_core.recipe.evaluation import rerun_engine_failures
 from turnrl.grpo_core.recipe.stages import Rollout, SFTData
 from turnrl.rollout_router.engine import EngineSpec
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.dapo import StepStats, filter_value, group_reward, overlong_config
-from turnrl.tool_envs.retool import CODE_INTERPRETER
-from turnrl.tool_envs.retool_episodes import generations_text, run_task, run_tasks
+from turnrl.tool_envs.retool.dapo import StepStats, filter_value, group_reward, overlong_config
+from turnrl.tool_envs.retool.env import CODE_INTERPRETER
+from turnrl.tool_envs.retool.episodes import generations_text, run_task, run_tasks
 from turnrl_app_retool.config import RetoolAppConfig
 from turnrl_app_retool.data import Datasets
 from turnrl_app_retool.episodes import episode_settings, validation_record

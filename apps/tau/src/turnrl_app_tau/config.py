@@ -20,7 +20,7 @@ from turnrl.grpo_core.recipe.run_folder import config_from_dict
 from turnrl.grpo_core.recipe.schema import AppConfig
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.settings import OFF, ON, setting
-from turnrl.tool_envs.tau_data import TauTaskConfig
+from turnrl.tool_envs.tau.data import TauTaskConfig
 
 TAU_REWARDS = ("shaped-group-max", "task")
 """The app's reward hooks by ``--tau-reward`` name (``episodes.REWARDS``)."""
@@ -68,7 +68,7 @@ class RolloutSettings:
 
 @dataclass
 class TauSettings(TauTaskConfig):
-    """The task data and the user simulator (``turnrl.tool_envs.tau_data``), the SFT
+    """The task data and the user simulator (``turnrl.tool_envs.tau.data``), the SFT
     warm-up's data, and evaluation."""
 
     sft_extra_stores: int = setting(0, "--sft-extra-stores")

@@ -22,7 +22,7 @@ from turnrl.grpo_core.recipe.driver import open_run, run_main
 from turnrl.grpo_core.recipe.report import report_run
 from turnrl.grpo_core.recipe.stages import run_stages
 from turnrl.npu_runtime.supervise import install_signal_handlers
-from turnrl.tool_envs.tau_data import load_tasks_and_domain, tool_schemas
+from turnrl.tool_envs.tau.data import load_tasks_and_domain, tool_schemas
 from turnrl_app_tau.cli import resolve
 from turnrl_app_tau.config import TauAppConfig
 from turnrl_app_tau.stages import TauStages, console
@@ -48,7 +48,7 @@ def check_supported(config: TauAppConfig) -> None:
                 raise ValueError(
                     f"{flag} {path}: cannot load it ({exc}); vime's generate_with_tau hooks are "
                     "this app's defaults (leave the flag out; their reward is "
-                    "turnrl.tool_envs.tau_episodes.batched_tau_rm)"
+                    "turnrl.tool_envs.tau.episodes.batched_tau_rm)"
                 ) from None
     schema.check_schema(config, not_honoured(config))
 

@@ -1,6 +1,6 @@
 """What the tau app gives grpo-core's ``recipe.stages.run_stages``.
 
-- SFT data: every training task's gold conversation (``turnrl.tool_envs.tau_data``), with
+- SFT data: every training task's gold conversation (``turnrl.tool_envs.tau.data``), with
   other synthetic stores'; the probe stop on a store SFT never sees (synthetic) or the last
   training conversations (the short-prefix curriculum first: the ``sft`` section's).
 - Engines: ``schema.engine_spec``; playing tau2 telecom's user they also parse tool calls.
@@ -30,7 +30,7 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
 from turnrl.tool_envs.rollout import RolloutConfig
 from turnrl.tool_envs.tau import Task
-from turnrl.tool_envs.tau_data import (
+from turnrl.tool_envs.tau.data import (
     TaskData,
     engine_args,
     extra_store_conversations,
@@ -38,7 +38,7 @@ from turnrl.tool_envs.tau_data import (
     store_conversations,
     user_factory,
 )
-from turnrl.tool_envs.tau_episodes import REWARDS, TauEpisodes, score
+from turnrl.tool_envs.tau.episodes import REWARDS, TauEpisodes, score
 from turnrl.tool_envs.trajectory import Trajectory, TrajectoryLimits
 from turnrl_app_tau.config import TauAppConfig
 

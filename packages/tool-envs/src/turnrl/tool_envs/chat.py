@@ -168,6 +168,12 @@ class ChatTokenizer:
         """Token ids of ``text``; special tokens written in it (``<|im_start|>``) map to their ids."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_unlocked(self, text: str) -> list[int]:
+        """:meth:`encode` through ``encode_batch``, which releases the GIL while it runs, so
+        worker threads encode while the event loop goes on (``encode`` holds it). It counts as
+        the tokenizers' own parallelism: a process forked after it gets a warning."""
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (special tokens kept unless ``skip_special_tokens``)."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))

@@ -2,9 +2,10 @@
 
 A trajectory is ``prompt_ids`` (the first messages rendered with the chat template and
 the generation prompt) followed by ``response_ids``: every model turn exactly as the
-engine produced it (``loss_mask`` 1, with the engine's logprobs), and between turns the
-tool results and user replies as token **deltas** of the chat template (``loss_mask`` 0,
-logprob 0). Text is never re-tokenised into the trained tokens.
+engine produced it (``loss_mask`` 1, with the engine's logprobs and the weight version each
+token was sampled with), and between turns the tool results and user replies as token
+**deltas** of the chat template (``loss_mask`` 0, logprob 0, version -1). Text is never
+re-tokenised into the trained tokens.
 
 Rules turnrl follows (see the package README):
 
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from turnrl.rollout_router.protocol import UNKNOWN_VERSION
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import Generation, Message
 
@@ -82,6 +84,9 @@ class Trajectory:
     """Index of this sample within its group."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Anything else: ``end_reason``, ``prefix_check``, ``error``, task id, user cost, ..."""
+    versions: list[int] = field(default_factory=list)
+    """The weight version each response token was sampled with; -1 where ``loss_mask`` is 0
+    or the version is unknown (None is read as -1; empty: unknown everywhere)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -92,6 +97,15 @@ class Trajectory:
                 f"response_ids ({n}), loss_mask ({len(self.loss_mask)}) and rollout_logprobs "
                 f"({len(self.rollout_logprobs)}) must have the same length"
             )
+        versions = self.versions or [UNKNOWN_VERSION] * n
+        self.versions = [UNKNOWN_VERSION if v is None else int(v) for v in versions]
+        if len(self.versions) != n:
+            raise ValueError(f"versions ({len(self.versions)}) must have one per response id ({n})")
+        if any(
+            m == 0 and v != UNKNOWN_VERSION
+            for m, v in zip(self.loss_mask, self.versions, strict=True)
+        ):
+            raise ValueError(f"versions must be {UNKNOWN_VERSION} where loss_mask is 0")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask values must be 0 or 1")
         if any(
@@ -229,6 +243,7 @@ class TrajectoryBuilder:
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []
         self.num_turns = 0
         self.num_appended_end_of_turn = 0
         self.num_truncated_tool_outputs = 0
@@ -250,10 +265,17 @@ class TrajectoryBuilder:
         room = self.limits.max_context_tokens - len(self.prompt_ids) - len(self.response_ids)
         return max(0, min(self.limits.max_turn_tokens, room))
 
-    def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None):
+    def _append(
+        self,
+        ids: Sequence[int],
+        mask: int,
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
         self.response_ids.extend(ids)
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.versions.extend(versions if versions is not None else [UNKNOWN_VERSION] * len(ids))
 
     def add_generation(self, generation: Generation) -> str:
         """Append one engine turn (mask 1) and close it with end-of-turn if it stopped on a string.
@@ -265,11 +287,15 @@ class TrajectoryBuilder:
             ValueError: Token ids and logprobs differ in length, or a turn is already open.
         """
         ids, logprobs = list(generation.token_ids), list(generation.logprobs)
-        if len(ids) != len(logprobs):
-            raise ValueError(f"engine returned {len(ids)} token ids but {len(logprobs)} logprobs")
+        versions = list(generation.versions) or [UNKNOWN_VERSION] * len(ids)
+        if not len(ids) == len(logprobs) == len(versions):
+            raise ValueError(
+                f"engine returned {len(ids)} token ids but {len(logprobs)} logprobs and "
+                f"{len(versions)} versions"
+            )
         if self._turn_open:
             raise ValueError("add_message() must record the previous turn before a new generation")
-        self._append(ids, 1, logprobs)
+        self._append(ids, 1, logprobs, versions)
         self.num_turns += 1
         self._turn_open = True
         text, closing = close_turn(self.chat, ids, generation.finish_reason, generation.stop_reason)
@@ -405,6 +431,7 @@ class TrajectoryBuilder:
             response_ids=list(self.response_ids),
             loss_mask=list(self.loss_mask),
             rollout_logprobs=list(self.logprobs),
+            versions=list(self.versions),
             messages=[dict(m) for m in self.messages],
             status=status,
             num_turns=self.num_turns,

@@ -18,6 +18,9 @@ launch new ones meanwhile. With ``N = max_off_policy_steps``, ``R = rollout_batc
 So ``N = 0`` is on-policy with no overlap, and ``N = 1`` generates the next step's groups
 while this step trains. A group is tagged with the version served when it *starts*, the
 oldest weights it can have seen, so a sync landing mid-episode never hides staleness.
+With ``weight_updates`` (the engines' router) each sync settles the generations in flight
+as ``config.update_weights_mode`` says (drain, abort-resume, keep) and every token carries
+the version it was sampled with, so ``rollout/staleness_max`` / ``_mean`` are per token.
 
 Off-policy correction: the trainer recomputes ``old_logprobs`` with its current weights
 (the proximal policy the PPO ratio is clipped against) while each sample's

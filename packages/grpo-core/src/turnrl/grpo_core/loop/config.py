@@ -14,6 +14,7 @@ from typing import get_args
 
 from turnrl.grpo_core.algos.advantages import AdvantageMethod
 from turnrl.grpo_core.settings import OFF, ON, setting
+from turnrl.rollout_router.protocol import UPDATE_MODES
 
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageMethod)
 
@@ -67,7 +68,18 @@ class LoopConfig:
     ``staleness_threshold`` plays this role. Apps refuse a
     non-default value without ``asynchronous`` (the synchronous loop does not read it)."""
 
+    update_weights_mode: str = setting("drain", "--update-weights-mode")
+    """What generations in flight do at a weight update (the engines' router,
+    ``Router.begin_weight_update``): ``drain`` (they finish, new ones wait), ``abort-resume``
+    (aborted, then resumed with their tokens so far and the rest of their ``max_tokens``)
+    or ``keep`` (paused on the engine with their state; refused where the engine lacks it).
+    Tokens carry the version they were sampled with either way."""
+
     def __post_init__(self) -> None:
+        if self.update_weights_mode not in UPDATE_MODES:
+            raise ValueError(
+                f"update_weights_mode must be one of {UPDATE_MODES}, got {self.update_weights_mode!r}"
+            )
         for name in (
             "num_rollout",
             "rollout_batch_size",

@@ -11,6 +11,13 @@ One step (slime's ``train.py`` without Ray, everything in this process)::
     for each of samples_per_step / global_batch_size mini-batches: trainer.train_step
     await weight_sync.sync(trainer, version=step)                  # engines serve the new policy
 
+With ``weight_updates`` (the engines' router) the sync runs inside
+``begin_weight_update(config.update_weights_mode)`` / ``end_weight_update(step)``: what is
+in flight then drains, is aborted and resumed, or is kept, and tokens sampled from then on
+carry the new version. Each step logs the staleness of its trained tokens
+(``rollout/staleness_max``, ``rollout/staleness_mean``: the trainer's version minus the
+version each was sampled with) when its samples carry per-token ``versions``.
+
 The hooks carry every task-specific decision (which environment, which user, which
 reward), so the same loop serves every app; :func:`load_function` resolves a hook from a
 dotted path as slime's ``--custom-generate-function-path`` / ``--custom-rm-path`` do.
@@ -41,7 +48,7 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -70,6 +77,27 @@ MetricsFn = Callable[[int, dict[str, float]], None]
 """``(step, metrics)`` called after every step (console line, TensorBoard, ...)."""
 BusyFn = Callable[[], Mapping[str, float]]
 """``() -> {engine: busy seconds so far}``, cumulative (e.g. ``Router.busy_seconds``)."""
+
+
+class WeightUpdates(Protocol):
+    """Settles the generations in flight around a weight update (the engines' router)."""
+
+    def check_update_mode(self, mode: str) -> None:
+        """Raise ValueError unless the engines take updates in ``mode``."""
+        ...
+
+    def set_weight_version(self, version: int) -> None:
+        """The engines serve ``version``: tokens from now on carry it."""
+        ...
+
+    async def begin_weight_update(self, mode: str) -> float:
+        """Settle what is in flight as ``mode`` says; returns the seconds it took."""
+        ...
+
+    async def end_weight_update(self, version: int | None) -> None:
+        """The update is over (``version`` served; None: it failed); admit work again."""
+        ...
+
 
 LOOP_STATE_VERSION = 1
 """Format version of the loop state stored in checkpoints."""
@@ -338,6 +366,9 @@ class GRPOLoop:
             (:class:`~turnrl.grpo_core.weight_sync.sleep.EngineSleep`): they sleep while it
             trains, wake their weights for the sync and their KV cache after it
             (``perf/sleep_s``, ``perf/wake_s``).
+        weight_updates: The engines' router, told of every weight update
+            (:class:`WeightUpdates`, ``perf/update_settle_s``); required unless
+            ``config.update_weights_mode`` is ``drain``.
     """
 
     def __init__(
@@ -356,9 +387,19 @@ class GRPOLoop:
         checkpoint_dir: str | Path | None = None,
         engine_busy: BusyFn | None = None,
         engine_sleep: EngineSleep | None = None,
+        weight_updates: WeightUpdates | None = None,
     ) -> None:
         if config.save_interval and checkpoint_dir is None:
             raise ValueError("save_interval is set but no checkpoint_dir was given")
+        if weight_updates is not None:
+            weight_updates.check_update_mode(config.update_weights_mode)
+            weight_updates.set_weight_version(0)  # the engines start with the initial policy
+        elif config.update_weights_mode != "drain":
+            raise ValueError(
+                f"--update-weights-mode {config.update_weights_mode} needs the engines' router "
+                "(weight_updates) to act on the generations in flight"
+            )
+        self.weight_updates = weight_updates
         check_estimator_loss(config, trainer)
         self.config, self.trainer = config, trainer
         self.data = PromptIterator(prompts, config.rollout_shuffle, config.seed)
@@ -423,7 +464,7 @@ class GRPOLoop:
         if self.engine_sleep is not None:
             metrics["perf/wake_s"] = await self.engine_sleep.wake(["weights"])
         if self.weight_sync is not None:
-            sync = await self.weight_sync.sync(self.trainer, self.step)
+            sync = await self._sync_weights()
             metrics.update({f"perf/sync_{k}": v for k, v in sync.items()})
         if self.engine_sleep is not None:
             metrics["perf/wake_s"] += await self.engine_sleep.wake(["kv_cache"])
@@ -453,6 +494,21 @@ class GRPOLoop:
             self.save_checkpoint()
         return metrics
 
+    async def _sync_weights(self) -> dict[str, float]:
+        """Push the weights as version ``step``, inside the router's weight update."""
+        assert self.weight_sync is not None
+        updates = self.weight_updates
+        if updates is None:
+            return await self.weight_sync.sync(self.trainer, self.step)
+        settle = await updates.begin_weight_update(self.config.update_weights_mode)
+        done = False
+        try:
+            sync = await self.weight_sync.sync(self.trainer, self.step)
+            done = True
+        finally:
+            await updates.end_weight_update(self.step if done else None)
+        return {**sync, "update_settle_s": settle}
+
     def _train(self, samples: list[Any]) -> dict[str, float]:
         samples = self._without_failures(samples)
         if not samples:
@@ -474,6 +530,7 @@ class GRPOLoop:
             "train/advantage_abs_mean": advantage_abs_mean(advantages, samples),
         }
         out.update(logprob_mismatch(batch))
+        out.update(staleness_metrics(batch, self.step))
         if (budget := self.config.max_tokens_per_micro_batch) is not None:
             out["train/over_budget_samples"] = float((batch.attention_mask.sum(-1) > budget).sum())
         if plans:  # tokens / (micro-batches x budget) over every rank: 1.0 packs perfectly
@@ -606,7 +663,7 @@ class GRPOLoop:
             raise CheckpointError(f"cannot restore the trainer from {folder}: {exc}") from exc
         self.load_state_dict(state)
         if sync_weights and self.weight_sync is not None:
-            await self.weight_sync.sync(self.trainer, self.step)
+            await self._sync_weights()
         return self.step
 
     async def run(self, num_steps: int | None = None) -> list[dict[str, float]]:
@@ -670,3 +727,16 @@ def logprob_mismatch(batch: TrainBatch) -> dict[str, float]:
         drift = (batch.old_logprobs.float() - batch.ref_logprobs.float()).abs()
         out["train/ref_abs_diff"] = float((drift * mask).sum() / mask.sum().clamp(min=1))
     return out
+
+
+def staleness_metrics(batch: TrainBatch, version: int) -> dict[str, float]:
+    """``rollout/staleness_max`` and ``_mean`` over the trained tokens of known version:
+    ``version`` (the trainer's) minus the version each token was sampled with; empty when
+    the batch has no token versions."""
+    if batch.versions is None:
+        return {}
+    known = batch.versions[batch.loss_mask.bool() & (batch.versions >= 0)]
+    if known.numel() == 0:
+        return {}
+    lag = (version - known).float()
+    return {"rollout/staleness_max": float(lag.max()), "rollout/staleness_mean": float(lag.mean())}

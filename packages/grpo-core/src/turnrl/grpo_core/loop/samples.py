@@ -101,6 +101,7 @@ def build_train_batch(
     Position ``t`` of every tensor is token ``t`` of ``prompt_ids + response_ids``;
     ``loss_mask`` and ``rollout_logprobs`` are 0 over the prompt. ``advantages`` is ``[N]``
     or ``[N, L]`` as :func:`sample_advantages` returns it (``L`` >= the longest sample).
+    ``versions`` (-1 over the prompt) when every sample has per-token ``versions``.
     """
     if len(samples) != advantages.shape[0]:
         raise ValueError(f"{len(samples)} samples but {advantages.shape[0]} advantages")
@@ -127,7 +128,25 @@ def build_train_batch(
         loss_mask=mask,
         advantages=_rows(advantages, keep, ids.shape[1]),
         rollout_logprobs=rollout_logp * mask,
+        versions=_versions([samples[i] for i in keep], ids.shape, mask),
     )
+
+
+def _versions(
+    samples: Sequence[Sample], shape: torch.Size, mask: torch.Tensor
+) -> torch.Tensor | None:
+    """``[N, L]`` token versions (-1 off the policy tokens), or None unless every sample
+    has one per response token."""
+    rows = [getattr(s, "versions", None) for s in samples]
+    if not all(
+        r is not None and len(r) == len(s.response_ids) for r, s in zip(rows, samples, strict=True)
+    ):
+        return None
+    out = torch.full(shape, -1, dtype=torch.int64)
+    for row, (s, versions) in enumerate(zip(samples, rows, strict=True)):
+        start = len(s.prompt_ids)
+        out[row, start : start + len(s.response_ids)] = torch.tensor(versions, dtype=torch.int64)
+    return torch.where(mask.bool(), out, torch.full_like(out, -1))
 
 
 def _rows(advantages: torch.Tensor, keep: list[int], length: int) -> torch.Tensor:

@@ -60,6 +60,7 @@ from turnrl.grpo_core.loop.loop import (
     GRPOLoop,
     MetricsFn,
     RewardFn,
+    WeightUpdates,
 )
 from turnrl.grpo_core.placement.actors import EngineLaunch, RayPlacement, require_ray
 from turnrl.grpo_core.placement.plan import PlacementConfig, resolve_accelerator
@@ -508,6 +509,7 @@ class RayGRPORun:
         on_metrics: MetricsFn | None = None,
         checkpoint_dir: str | Path | None = None,
         engine_busy: BusyFn | None = None,
+        weight_updates: WeightUpdates | None = None,
     ) -> GRPOLoop:
         """A :class:`GRPOLoop` training with the trainer group, syncing the engines as
         :func:`group_weight_sync` chooses (a collective on devices, disk on the CPU or
@@ -517,8 +519,8 @@ class RayGRPORun:
 
         Args:
             config, prompts, generate, reward, pad_id, reference, evaluate, on_metrics,
-                checkpoint_dir, engine_busy: As for :class:`GRPOLoop` (``reference`` may
-                come from :meth:`RayTrainerGroup.build_reference`).
+                checkpoint_dir, engine_busy, weight_updates: As for :class:`GRPOLoop`
+                (``reference`` may come from :meth:`RayTrainerGroup.build_reference`).
             sync_root: Folder of the exported weight versions (required with engines).
             keep_last: Exported versions kept on disk.
         """
@@ -549,6 +551,7 @@ class RayGRPORun:
             checkpoint_dir=checkpoint_dir,
             engine_busy=engine_busy,
             engine_sleep=engine_sleep,
+            weight_updates=weight_updates,
         )
 
     def shutdown(self, grace_s: float = 60.0) -> None:

@@ -15,7 +15,7 @@ line (its engines: :mod:`~turnrl.grpo_core.recipe.fleet`).
 Example::
 
     with open_run("retool", config, resume=resume, console=console) as run:
-        with engine_fleet(spec, run.folder / "logs", placement=placement) as (urls, job, _):
+        with engine_fleet(spec, run.folder / "logs", placement) as (urls, job, _):
             before = await run.once("before", "evaluation before RL", evaluate)
             stage = RLStage(console, total, on_metrics)
             loop = build_loop(..., on_metrics=stage.on_metrics)
@@ -239,8 +239,7 @@ async def build_rl(
     *,
     trainer: Any,
     router: Any,
-    urls: Sequence[str],
-    job: Any = None,
+    job: Any,
     evaluate: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     restart: Callable[[str], None] | None = None,
@@ -249,10 +248,10 @@ async def build_rl(
     """The RL stage of ``run``, ready to ``await stage.run(loop)``: the loop the config's
     ``loop`` section describes (seeded by ``--seed``, token-budget micro-batches under
     ``--use-dynamic-batch-size``, the reference policy ``--ref-load`` or ``policy`` when the
-    KL loss is on) training ``trainer`` here or on the Ray run's ranks (``job``, started
-    here unless they are), rolling out through ``generate`` over the engines at ``urls``
-    (``router``'s: their busy time, and as ``rollout/engine_errors`` the requests and health
-    checks that failed on them since the previous step, are logged), weights synced to them
+    KL loss is on) training ``trainer`` on the Ray run's ranks (``job``, started here
+    unless they are), rolling out through ``generate`` over ``router``'s engines (their busy time,
+    and as ``rollout/engine_errors`` the requests and health checks that failed on them
+    since the previous step, are logged), weights synced to them
     (an engine the sync cannot reach leaves the router), checkpoints in the
     run folder. Every step's metrics (first handed to ``on_step``, which may add the app's
     own; the main ones also under verl's names, :data:`VERL_NAMES`) go to the run's logger
@@ -293,7 +292,7 @@ async def build_rl(
         run.console.print(format_step_line(step, metrics, loop_config.num_rollout))
 
     stage = RLStage(run.console, loop_config.num_rollout, on_metrics)
-    if job is not None and job.trainers is None:  # off the event loop: the router serves on
+    if job.trainers is None:  # off the event loop: the router serves on
         await asyncio.to_thread(job.start_trainers, trainer)
     pad_id = AutoTokenizer.from_pretrained(policy).pad_token_id
     loop = build_loop(
@@ -303,7 +302,6 @@ async def build_rl(
         generate,
         reward,
         pad_id=int(pad_id if pad_id is not None else 0),
-        urls=urls,
         sync_root=run.folder / "weights",
         job=job,
         reference=reference_settings(run.config, policy, trainer),
@@ -311,6 +309,7 @@ async def build_rl(
         evaluate=evaluate,
         checkpoint_dir=str(run.folder / "checkpoints"),
         engine_busy=router.busy_seconds,
+        weight_updates=router,
     )
     if isinstance(loop.weight_sync, DiskWeightSync):
         # An engine silent past the read timeout at a reload is hung: it leaves the run.

@@ -1,9 +1,9 @@
-"""The engines of a run: the local runner's child processes, or a Ray run's actors placed
-with the trainer ranks still to start; every engine started is stopped at exit.
+"""The engines of a run: Ray actors placed with the trainer ranks still to start; every
+engine started is stopped at exit.
 
-:func:`engine_fleet` yields a :class:`Fleet`: the engines' URLs, the Ray run (None for the
-local runner) and a restart of one engine where it was. ``recipe.schema.engines`` starts
-the fleet a config asks for.
+:func:`engine_fleet` yields a :class:`Fleet`: the engines' URLs, the Ray run that placed
+them, and a restart of one engine where it was. ``recipe.schema.engines`` starts the fleet a
+config asks for.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ class Fleet(NamedTuple):
     urls: list[str]
     """Where each engine serves."""
     job: Any
-    """The ``RayGRPORun`` that placed them (its trainer ranks not started), or None for
-    the local runner's child processes."""
+    """The ``RayGRPORun`` that placed them (its trainer ranks not started yet)."""
     restart: Callable[[str], None]
     """Start the engine serving at a URL again, where it was (blocks until healthy)."""
 
@@ -35,52 +34,33 @@ class Fleet(NamedTuple):
 def engine_fleet(
     spec: EngineSpec,
     log_dir: Path,
+    placement: PlacementConfig,
     *,
-    placement: PlacementConfig | None = None,
-    num_local: int = 1,
     torch_threads: int = 0,
     cancel: threading.Event | None = None,
 ) -> Iterator[Fleet]:
     """Start the engines serving ``spec``; everything started is stopped at exit.
 
-    With a ``placement``, a Ray run (:func:`~turnrl.grpo_core.recipe.cluster.ray_run`)
-    places the engines and, later, the trainer ranks (``job.start_trainers``, e.g. once
-    SFT wrote their model); without, ``num_local`` engines are started as child processes
-    (:func:`~turnrl.grpo_core.recipe.engines.start_local_engines`). Blocks until they are
-    healthy, so an app that trains meanwhile enters it from a worker thread.
+    A Ray run (:func:`~turnrl.grpo_core.recipe.cluster.ray_run`) places the engines and,
+    later, the trainer ranks (``job.start_trainers``, e.g. once SFT wrote their model).
+    Blocks until they are healthy, so an app that trains meanwhile enters it from a worker
+    thread.
 
     Args:
         spec: What every engine serves (the port is chosen where it starts).
         log_dir: Where the engines' logs go.
-        placement: The Ray run's trainer ranks and engines, or None for the local runner.
-        num_local: How many engines the local runner starts.
+        placement: The Ray run's trainer ranks and engines.
         torch_threads: CPU threads of each Ray trainer rank (0: one per core).
         cancel: Set from another thread to stop the engines while they start
             (``StartCancelled``), e.g. when the SFT trained meanwhile is interrupted.
     """
+    from turnrl.grpo_core.placement.actors import EngineLaunch
+    from turnrl.grpo_core.recipe.cluster import ray_run
     from turnrl.grpo_core.weight_sync.choose import collective_backend, with_weight_transfer
 
-    colocate = placement is not None and placement.colocate
-    # The engines run the weight-transfer engine the loop will use (build_loop chooses alike).
-    spec = with_weight_transfer(spec, collective_backend(spec.device, colocate))
-    if placement is not None:
-        from turnrl.grpo_core.placement.actors import EngineLaunch
-        from turnrl.grpo_core.recipe.cluster import ray_run
-
-        launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
-        with ray_run(placement, launch, torch_threads=torch_threads, cancel=cancel) as job:
-            yield Fleet(list(job.engine_urls), job, job.restart_engine)
-        return
-    from turnrl.grpo_core.recipe.engines import start_local_engines
-
-    servers = start_local_engines(spec, num_local, log_dir, cancel=cancel)
-
-    def restart(url: str) -> None:
-        (server,) = [s for s in servers if s.url == url]
-        server.restart()
-
-    try:
-        yield Fleet([server.url for server in servers], None, restart)
-    finally:
-        for server in servers:
-            server.stop()
+    # The engines run the weight-transfer engine the loop will use (group_weight_sync
+    # chooses alike).
+    spec = with_weight_transfer(spec, collective_backend(spec.device, placement.colocate))
+    launch = EngineLaunch(spec=spec, log_dir=str(log_dir))
+    with ray_run(placement, launch, torch_threads=torch_threads, cancel=cancel) as job:
+        yield Fleet(list(job.engine_urls), job, job.restart_engine)

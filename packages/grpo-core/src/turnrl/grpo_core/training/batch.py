@@ -32,6 +32,9 @@ class TrainBatch:
     """`[B, L]` log-probs under the reference model, for the KL loss."""
     rollout_logprobs: torch.Tensor | None = None
     """`[B, L]` log-probs reported by the rollout engine, for truncated importance sampling."""
+    versions: torch.Tensor | None = None
+    """`[B, L]` int64 weight version each token was sampled with (-1 off the policy tokens
+    or where unknown), for staleness metrics and off-policy corrections."""
 
     def __post_init__(self) -> None:
         ids = self.input_ids

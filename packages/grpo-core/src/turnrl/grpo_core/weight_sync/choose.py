@@ -9,8 +9,9 @@
 - Colocated engines (on the trainer ranks' devices): disk, because an NCCL or HCCL group
   cannot hold two ranks on one device.
 
-The engine launch and the loop both call :func:`collective_backend` with the same device
-and placement, so the engines always run the transfer engine the trainer will use; an
+The engine launch (``recipe.fleet.engine_fleet``) and the run's weight sync
+(``placement.trainer_group.group_weight_sync``) both call :func:`collective_backend` with the
+same device and placement, so the engines always run the transfer engine the trainer will use; an
 engine started without it answers the sync's first call with HTTP 404, which
 ``CollectiveWeightSync`` turns into an error naming the flags.
 """
@@ -18,15 +19,10 @@ engine started without it answers the sync's first call with HTTP 404, which
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from pathlib import Path
 
 from turnrl.grpo_core.weight_sync.collective import (
-    CollectiveSyncConfig,
-    CollectiveWeightSync,
     engine_args,
 )
-from turnrl.grpo_core.weight_sync.disk import DiskWeightSync, WeightSync
 from turnrl.npu_runtime.device import DeviceType, resolve_device
 from turnrl.rollout_router.engine import EngineSpec
 
@@ -53,16 +49,4 @@ def with_weight_transfer(spec: EngineSpec, backend: str | None) -> EngineSpec:
         return spec
     return dataclasses.replace(
         spec, extra_args=[*spec.extra_args, *engine_args(backend)], dev_mode=True
-    )
-
-
-def make_weight_sync(
-    backend: str | None, urls: Sequence[str], root: str | Path, keep_last: int = 1
-) -> WeightSync:
-    """The weight sync of a trainer in this process: a collective over ``backend`` (each
-    engine's worker count asked of it), or disk under ``root`` when ``backend`` is None."""
-    if backend is None:
-        return DiskWeightSync(list(urls), root, keep_last=keep_last)
-    return CollectiveWeightSync(
-        CollectiveSyncConfig(engine_urls=list(urls), backend=backend, workers_per_engine=None)
     )

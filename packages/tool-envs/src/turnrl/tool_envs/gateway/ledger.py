@@ -33,13 +33,16 @@ history, exact for that family (checked against ``transformers`` in the tests).
 of ``render_ids(history + tail, add_generation_prompt=True)``; the bridge is what follows
 the history's last end-of-turn token, and without the proof the request forks.
 
-Not thread-safe: call it from one event loop (``prepare`` and ``record`` do not await).
+Not thread-safe: calls on one ledger must not overlap (the gateway holds a per-session lock
+and runs them in worker threads). Text is encoded with
+:meth:`~turnrl.tool_envs.chat.ChatTokenizer.encode_unlocked`, which releases the GIL.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -96,12 +99,15 @@ class _Chain:
         ids: list[int],
         mask: int,
         logprobs: list[float] | None = None,
-        version: int | None = None,
+        version: Sequence[int | None] | int | None = None,
     ) -> None:
         self.ids += ids
         self.mask += [mask] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
-        self.versions += [version if mask else None] * len(ids)
+        per_token = version if isinstance(version, Sequence) else [version] * len(ids)
+        if len(per_token) != len(ids):
+            raise ValueError(f"{len(ids)} token ids but {len(per_token)} versions")
+        self.versions += [v if mask and v is not None and v >= 0 else None for v in per_token]
 
     @property
     def awaiting_reply(self) -> bool:
@@ -166,7 +172,7 @@ class SessionLedger:
                     reason, best_k = "template_not_prefix", len(keys)
             elif k > best_k:
                 reason, best_k = self._why_not(chain, k, msgs, keys, tools_key), k
-        prompt = self.chat.render_ids(msgs, tools, True, **self.template_kwargs)
+        prompt = self._render_ids(msgs, tools, True)
         self._check_context(prompt)
         index = len(self._chains)
         if not self._chains:
@@ -182,12 +188,15 @@ class SessionLedger:
         prepared: Prepared,
         ids: list[int],
         logprobs: list[float],
-        version: int | None,
+        version: Sequence[int | None] | int | None,
         finish_reason: str,
         *,
         stop_reason: str | int | None = None,
     ) -> Message:
         """Append the engine's sampled ids to the prepared chain; return the assistant message.
+
+        ``version``: the weight version of each id (``Generation.versions``) or one for all;
+        None or a negative version where unknown.
 
         When another call already extended that chain, the prompt is copied into a new
         chain with loss mask 0 (``parallel``) and the ids are appended there.
@@ -270,13 +279,19 @@ class SessionLedger:
             except ValueError as exc:
                 logger.info("ledger: no delta for chain %d: %s", chain.index, exc)
                 return None
-            return close + self.chat.encode(delta)
-        before = self.chat.render_ids(chain.messages, tools, False, **kwargs)
-        after = self.chat.render_ids([*chain.messages, *tail], tools, True, **kwargs)
+            return close + self.chat.encode_unlocked(delta)
+        before = self._render_ids(chain.messages, tools, False)
+        after = self._render_ids([*chain.messages, *tail], tools, True)
         if eot not in before or after[: len(before)] != before:
             return None
         cut = len(before) - before[::-1].index(eot)
         return close + after[cut:]
+
+    def _render_ids(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, prompt: bool
+    ) -> list[int]:
+        text = self.chat.render(messages, tools, prompt, **self.template_kwargs)
+        return self.chat.encode_unlocked(text)
 
     def _why_not(
         self,

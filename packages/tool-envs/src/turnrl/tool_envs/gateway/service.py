@@ -8,6 +8,10 @@
 the rendered new tail, the engine's ids are recorded as sampled, and the answer is the
 ledger's message. The engine call is not streamed: a stream is the finished message sent as
 events, so ids always come from the final engine ``Generation``, never from chunks.
+Rendering and tokenising (the ledger's ``prepare`` and ``record``) run one at a time per
+session (its lock, taken in arrival order): for large requests and generations in worker
+threads, off the event loop; small ones inline, where a thread hand-off costs more than the
+work (docs/benchmarks/gateway.md).
 
 A retried request (``x-stainless-retry-count`` > 0 with the body of an earlier call) gets
 that call's answer, never a second turn. A lost call (engine failure, an answer the client
@@ -26,6 +30,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,7 +40,7 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.gateway import protocols
 from turnrl.tool_envs.gateway.ledger import ContextOverflowError, Prepared, SessionLedger
 from turnrl.tool_envs.gateway.protocols import Answer, Api, ChatRequest, RequestError
-from turnrl.tool_envs.protocol import Message, SamplingParams, TokenEngine
+from turnrl.tool_envs.protocol import Generation, Message, SamplingParams, TokenEngine
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,8 @@ class Session:
     """Responses API conversations by response id (``previous_response_id``)."""
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the ledger works (FIFO: a session's requests are prepared in arrival order)."""
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":
@@ -126,6 +133,10 @@ class Gateway:
         max_context_tokens: Prompt plus generation budget (None: unbounded).
         model_name: The model id ``/v1/models`` lists and answers carry.
         base_url: The URL sessions are reached at (None: the ``POST /episodes`` request's).
+        render_threads: Worker threads that render and tokenise (0: all on the event loop).
+        inline_bytes: Requests with smaller bodies, and generations of fewer than a quarter
+            as many tokens, are rendered on the event loop (0: all in the threads).
+        max_body_bytes: Larger request bodies get HTTP 413.
     """
 
     def __init__(
@@ -137,7 +148,12 @@ class Gateway:
         max_context_tokens: int | None = None,
         model_name: str = "turnrl",
         base_url: str | None = None,
+        render_threads: int = 4,
+        inline_bytes: int = 16 * 1024,
+        max_body_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        if render_threads < 0:
+            raise ValueError(f"render_threads must be >= 0, got {render_threads}")
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.sampling = sampling
         if not sampling.stop_token_ids:
@@ -146,10 +162,16 @@ class Gateway:
         self.episodes: dict[str, Episode] = {}
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
+        self.render_threads, self.max_body_bytes = render_threads, max_body_bytes
+        self.inline_bytes = inline_bytes
+        self._pool: ThreadPoolExecutor | None = None
 
     def app(self) -> web.Application:
-        """The aiohttp application."""
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        """The aiohttp application (its cleanup stops the render threads)."""
+        app = web.Application(client_max_size=self.max_body_bytes)
+        if self.render_threads:
+            self._pool = ThreadPoolExecutor(self.render_threads, "gateway-render")
+            app.on_cleanup.append(self._stop_pool)
         add = app.router
         add.add_post("/episodes", self._open_episode)
         add.add_get("/episodes/{episode}", self._episode_status)
@@ -163,6 +185,24 @@ class Gateway:
             add.add_post(f"{prefix}/messages", self._call_handler("messages"))
             add.add_get(f"{prefix}/models", self._models)
         return app
+
+    async def _stop_pool(self, _: web.Application) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    async def _locked(self, session: Session, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` with the session's ledger to itself; in a render thread when the
+        work (``size``, in body bytes) is large."""
+        async with session.lock:
+            if self._pool is None or size < self.inline_bytes:
+                return fn(*args)
+            future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                await asyncio.wait([future])  # the ledger is busy until the thread is done
+                raise
 
     # -- episodes ----------------------------------------------------------------------------
 
@@ -234,6 +274,8 @@ class Gateway:
             await s.settle()
         sessions = []
         for s in episode.sessions:
+            async with s.lock:
+                rows = s.ledger.rows()
             status, reason = s.outcome()
             calls = [
                 {"id": c.id, "chain": c.chain, "api": c.api, "delivered": c.delivered}
@@ -247,7 +289,7 @@ class Gateway:
                     "reward": s.reward,
                     "call_rewards": dict(s.call_rewards),
                     "calls": calls,
-                    "rows": s.ledger.rows(),
+                    "rows": rows,
                 }
             )
         body = {"episode": episode.id, "metadata": episode.metadata, "sessions": sessions}
@@ -319,7 +361,7 @@ class Gateway:
 
     async def _call(self, request: web.Request, api: Api) -> web.StreamResponse:
         session = self._calling_session(request)
-        body = await _json(request)
+        body, size = await _sized_json(request)
         if session.status != "active":
             why = f": {session.reason}" if session.reason else ""
             raise RequestError(f"session is {session.status}{why}", status=409)
@@ -329,8 +371,7 @@ class Gateway:
         answer = session.answers.get(digest) if retried else None
         if answer is None:
             messages = self._history(session, req)
-            prepared = self._prepare(session, req, messages)
-            answer = asyncio.ensure_future(self._generate(session, req, prepared, messages))
+            answer = asyncio.ensure_future(self._answer(session, req, messages, size))
             answer.add_done_callback(_consume)
             session.answers[digest] = answer
         session.in_flight += 1
@@ -340,6 +381,10 @@ class Gateway:
                 result = await asyncio.shield(answer)
             except CallLostError as exc:
                 return _error(api, RequestError(str(exc), status=502))
+            except RequestError:  # a bad request is not remembered as an answer
+                if session.answers.get(digest) is answer:
+                    del session.answers[digest]
+                raise
             response, delivered = await _send(request, req, result)
             if delivered:
                 session.calls[result.id].delivered = True
@@ -373,9 +418,19 @@ class Gateway:
             stored, new = [new[0], *stored[1:]], new[1:]
         return [*stored, *new]
 
-    def _prepare(self, session: Session, req: ChatRequest, messages: list[Message]) -> Prepared:
+    async def _answer(
+        self, session: Session, req: ChatRequest, messages: list[Message], size: int
+    ) -> Answer:
+        prepared = await self._prepare(session, req, messages, size)
+        return await self._generate(session, req, prepared, messages)
+
+    async def _prepare(
+        self, session: Session, req: ChatRequest, messages: list[Message], size: int
+    ) -> Prepared:
         try:
-            prepared = session.ledger.prepare(messages, req.tools)
+            prepared: Prepared = await self._locked(
+                session, size, session.ledger.prepare, messages, req.tools
+            )
         except ContextOverflowError as exc:
             raise RequestError(str(exc), field="messages", status=413) from exc
         except ValueError as exc:
@@ -401,24 +456,15 @@ class Gateway:
         if generation.finish_reason == "abort":
             session.fail("engine call lost: the generation was aborted")
             raise CallLostError("the engine aborted the generation")
-        ids, logprobs = generation.token_ids, generation.logprobs
-        message = session.ledger.record(
-            prepared,
-            ids,
-            logprobs,
-            None,
-            generation.finish_reason,
-            stop_reason=generation.stop_reason,
+        ids = generation.token_ids
+        size = 4 * len(generation.token_ids)
+        message, token_logprobs = await self._locked(
+            session, size, self._record, session.ledger, prepared, generation, req.logprobs
         )
         call = Call(f"{_ID_PREFIX[req.api]}{uuid.uuid4().hex}", prepared.chain, req.api)
         session.calls[call.id] = call
         if req.api == "responses" and req.store:
             session.histories[call.id] = [*messages, message]
-        token_logprobs = None
-        if req.logprobs:
-            token_logprobs = [
-                (self.tokenizer.decode([t]), lp) for t, lp in zip(ids, logprobs, strict=True)
-            ]
         return Answer(
             id=call.id,
             created=int(time.time()),
@@ -430,6 +476,18 @@ class Gateway:
             token_logprobs=token_logprobs,
         )
 
+    def _record(
+        self, ledger: SessionLedger, prepared: Prepared, generation: Generation, logprobs: bool
+    ) -> tuple[Message, list[tuple[str, float]] | None]:
+        """The ledger's record of a generation, and its per-token logprobs when asked for."""
+        ids, lps = generation.token_ids, generation.logprobs
+        finish, stop = generation.finish_reason, generation.stop_reason
+        versions = generation.versions or None
+        message = ledger.record(prepared, ids, lps, versions, finish, stop_reason=stop)
+        if not logprobs:
+            return message, None
+        return message, [(self.tokenizer.decode([t]), lp) for t, lp in zip(ids, lps, strict=True)]
+
 
 def _consume(future: asyncio.Future[Answer]) -> None:
     """Retrieve a generation's exception (its request may be gone)."""
@@ -438,14 +496,24 @@ def _consume(future: asyncio.Future[Answer]) -> None:
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    return (await _sized_json(request))[0]
+
+
+async def _sized_json(request: web.Request) -> tuple[dict[str, Any], int]:
+    """The body as a JSON object, and its size in bytes."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app._client_max_size
+        raise RequestError(f"the request body is over {limit} bytes", status=413) from exc
     try:
         body = json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"malformed JSON body: {exc}") from exc
+        kind = request.content_type
+        raise RequestError(f"malformed JSON body (Content-Type {kind}): {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    return body
+    return body, len(raw)
 
 
 def _reward_value(value: Any) -> float:

@@ -1,5 +1,9 @@
 """tau-bench retail and airline environments: data, tools, tasks, episodes, replay.
 
+Beside them: :mod:`.tau2` (tau2-bench, built on these databases, calculator and gold
+helpers) and the glue of a tau or tau2 run, :mod:`.data` (its tasks, domain and users)
+and :mod:`.episodes` (its rollout and reward hooks).
+
 Typical use::
 
     from turnrl.tool_envs.tau import TauDomain, TauEnv, load_tasks

@@ -24,8 +24,8 @@ from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import TokenEngine, UserSimulator
 from turnrl.tool_envs.rollout import RolloutConfig, run_episode
 from turnrl.tool_envs.tau import Task, TauDomain, TauEnv
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.env import Tau2Env
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.env import Tau2Env
 from turnrl.tool_envs.trajectory import Trajectory
 
 Judge = Callable[[list[dict[str, Any]], tuple[str, ...]], Awaitable[tuple[bool, ...]]]

@@ -22,9 +22,9 @@ from turnrl.tool_envs.tau import Task, TauDomain, load_tasks
 from turnrl.tool_envs.tau import synth as tau_synth
 from turnrl.tool_envs.tau.gold import TaskUser, gold_conversation, short_tool_schemas
 from turnrl.tool_envs.tau.synth import TASK_KINDS
-from turnrl.tool_envs.tau2 import gold as tau2_gold
-from turnrl.tool_envs.tau2 import tasks as tau2_tasks
-from turnrl.tool_envs.tau2.domain import Tau2Domain, load_domain
+from turnrl.tool_envs.tau.tau2 import gold as tau2_gold
+from turnrl.tool_envs.tau.tau2 import tasks as tau2_tasks
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain, load_domain
 
 
 @dataclass
@@ -315,7 +315,7 @@ def user_factory(
 
     config = _llm(settings, settings.user_model, engine_urls)
     if settings.benchmark == "tau2" and settings.tau2_dir:  # tau2's own user guidelines
-        from turnrl.tool_envs.tau2.llm import user_prompt
+        from turnrl.tool_envs.tau.tau2.llm import user_prompt
 
         config.system_prompt = user_prompt(
             settings.tau2_dir, with_tools=settings.domain == "telecom"
@@ -344,6 +344,6 @@ def judge(settings: TauTaskConfig, engine_urls: Sequence[str]) -> Any:
     """tau2's NL-assertion judge (``judge_model``; ``local``: the engines), or None."""
     if settings.benchmark != "tau2" or settings.judge_model is None:
         return None
-    from turnrl.tool_envs.tau2.llm import LiteLLMJudge
+    from turnrl.tool_envs.tau.tau2.llm import LiteLLMJudge
 
     return LiteLLMJudge(_llm(settings, settings.judge_model, engine_urls, max_tokens=2048))

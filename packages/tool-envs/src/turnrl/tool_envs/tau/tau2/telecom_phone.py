@@ -52,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from turnrl.tool_envs.tau2.toolkit import ToolKind, Toolkit, deep_merge, tool
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind, Toolkit, deep_merge, tool
 
 SIM_STATUSES = ("active", "missing", "locked_pin", "locked_puk")
 TECHNOLOGIES = ("none", "2G", "3G", "4G", "5G")

@@ -19,9 +19,9 @@ from typing import Any
 
 from turnrl.rewards import MathRewardConfig, RetoolRewardConfig, retool_reward, score_math
 from turnrl.tool_envs.chat import ChatTokenizer
-from turnrl.tool_envs.math_data import MathTask
 from turnrl.tool_envs.protocol import TokenEngine
-from turnrl.tool_envs.retool import RetoolConfig, RetoolEnv
+from turnrl.tool_envs.retool.data import MathTask
+from turnrl.tool_envs.retool.env import RetoolConfig, RetoolEnv
 from turnrl.tool_envs.rollout import RolloutConfig, group_requests, run_episode, run_episodes
 from turnrl.tool_envs.sandbox import SandboxClient
 from turnrl.tool_envs.trajectory import Trajectory

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 CODE_TOOL = "code_interpreter"
-"""The name of the code tool (`turnrl.tool_envs.retool.CODE_INTERPRETER` is its schema)."""
+"""The name of the code tool (`turnrl.tool_envs.retool.env.CODE_INTERPRETER` is its schema)."""
 DAPO_PREFIX = "Solve the following math problem step by step."
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 _SEGMENT = re.compile(r"<code>(.*?)</code>|<interpreter>(.*?)</interpreter>", re.DOTALL)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.tool_envs.tau.db import copy_record
-from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
+from turnrl.tool_envs.tau.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 
 TODAY = dt.date(2025, 2, 25)
 """The frozen current date of the telecom domain (upstream: 2025-02-25 12:08)."""

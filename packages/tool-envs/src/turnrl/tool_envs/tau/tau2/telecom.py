@@ -22,10 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from turnrl.tool_envs.tau.db import copy_record
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.telecom_crm import CrmTools, load_crm_db
-from turnrl.tool_envs.tau2.telecom_phone import PhoneTools, load_phone_db
-from turnrl.tool_envs.tau2.toolkit import Toolkit
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.telecom_crm import CrmTools, load_crm_db
+from turnrl.tool_envs.tau.tau2.telecom_phone import PhoneTools, load_phone_db
+from turnrl.tool_envs.tau.tau2.toolkit import Toolkit
 
 
 def telecom_policy(data_dir: Path) -> str:

@@ -30,9 +30,9 @@ from typing import Any
 from turnrl.rewards.result import Reward
 from turnrl.rewards.tau2 import Tau2RewardInput, tau2_reward
 from turnrl.tool_envs.protocol import Message, StepResult, UserSimulator
-from turnrl.tool_envs.tau2.domain import Tau2Domain, side
-from turnrl.tool_envs.tau2.tasks import Tau2Task
-from turnrl.tool_envs.tau2.toolkit import state_hash
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain, side
+from turnrl.tool_envs.tau.tau2.tasks import Tau2Task
+from turnrl.tool_envs.tau.tau2.toolkit import state_hash
 from turnrl.tool_envs.tool_calls import ToolCall, from_openai_tool_calls
 
 GREETING = "Hi! How can I help you today?"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from turnrl.tool_envs.math_data import CODE_TOOL, MathTask
+from turnrl.tool_envs.retool.data import CODE_TOOL, MathTask
 
 DATA_SOURCE = "synth_arith"
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from turnrl.tool_envs.tau.calculate import calculate as evaluate
 from turnrl.tool_envs.tau.db import Database, DataError, PristineData, copy_record
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 
 TABLES = ("products", "users", "orders")
 """The tables of the retail database, in ``RetailDB``'s field order."""

@@ -27,8 +27,8 @@ from typing import Any
 
 from turnrl.tool_envs.tau.calculate import calculate as _calculate
 from turnrl.tool_envs.tau.db import Database, DataError, PristineData, copy_record, load_table
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.toolkit import Model, ToolKind, Toolkit, deep_merge, tool
 
 TABLES = ("flights", "users", "reservations")
 """The database's tables, in upstream's ``FlightDB`` field order."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnrl.tool_envs.tau2.tasks import EnvCall, Tau2Task
-from turnrl.tool_envs.tau2.toolkit import Toolkit
+from turnrl.tool_envs.tau.tau2.tasks import EnvCall, Tau2Task
+from turnrl.tool_envs.tau.tau2.toolkit import Toolkit
 
 DOMAINS = ("airline", "retail", "telecom")
 
@@ -80,7 +80,7 @@ def load_domain(name: str, data_dir: str | Path) -> Tau2Domain:
     """Load ``<data_dir>`` (a tau2 domain folder: db, policy, tasks) as domain ``name``."""
     if name not in DOMAINS:
         raise ValueError(f"unknown tau2 domain {name!r}; expected one of {list(DOMAINS)}")
-    module = importlib.import_module(f"turnrl.tool_envs.tau2.{name}")
+    module = importlib.import_module(f"turnrl.tool_envs.tau.tau2.{name}")
     domain: Tau2Domain = module.load(Path(data_dir))
     return domain
 

@@ -15,6 +15,10 @@ compares (DAPO's, and verl's ``recipe/dapo``).
 
 :class:`StepStats` counts every generated sample of a step, the filtered groups' included
 (the manager counts the groups: ``rollout/groups_uniform``, ``groups_filtered``).
+
+It lives with ReTool, not beside the manager's filter in grpo-core: ``acc`` is the
+``reward_breakdown["correct"]`` that :mod:`.episodes` writes, and the shaping is
+``turnrl.rewards``', which grpo-core may not import.
 """
 
 from __future__ import annotations

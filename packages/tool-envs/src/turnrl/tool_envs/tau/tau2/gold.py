@@ -11,10 +11,10 @@ from turnrl.tool_envs.tau.gold import (
     confirm_message,
     first_person,
 )
-from turnrl.tool_envs.tau2.domain import Tau2Domain
-from turnrl.tool_envs.tau2.env import GREETING
-from turnrl.tool_envs.tau2.tasks import Tau2Task
-from turnrl.tool_envs.tau2.toolkit import ToolKind
+from turnrl.tool_envs.tau.tau2.domain import Tau2Domain
+from turnrl.tool_envs.tau.tau2.env import GREETING
+from turnrl.tool_envs.tau.tau2.tasks import Tau2Task
+from turnrl.tool_envs.tau.tau2.toolkit import ToolKind
 
 
 def gold_conversation(domain: Tau2Domain, task: Tau2Task) -> list[dict[str, Any]]:
