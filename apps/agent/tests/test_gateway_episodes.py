@@ -94,8 +94,9 @@ def smoke_tasks() -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-async def test_the_example_agent_through_the_gateway_is_token_exact(chat: ChatTokenizer) -> None:
-    tasks = smoke_tasks()
+def replaying_gold(chat: ChatTokenizer, tasks: list[dict[str, Any]]) -> Recorded:
+    """The tau app's replay engine over the gold conversations of the smoke tasks' store,
+    recorded (the test double at the vLLM boundary)."""
     store = tasks[0]["store"]
     data = load_tasks_and_domain(
         TauTaskConfig(domain="synthetic", synthetic_num_users=store["users"],
@@ -103,7 +104,12 @@ async def test_the_example_agent_through_the_gateway_is_token_exact(chat: ChatTo
                       num_heldout=store["heldout"], policy_in_prompt=False)
     )  # fmt: skip
     gold = [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train + data.heldout]
-    engine = Recorded(tau_replay.ReplayEngine(chat, gold))
+    return Recorded(tau_replay.ReplayEngine(chat, gold))
+
+
+async def test_the_example_agent_through_the_gateway_is_token_exact(chat: ChatTokenizer) -> None:
+    tasks = smoke_tasks()
+    engine = replaying_gold(chat, tasks)
     named = _Named(engine)  # type: ignore[arg-type]
     agent = load_agent(AgentSettings(agent=f"{EXAMPLE}:run"))
     async with gateway(named, chat, SamplingParams(temperature=1.0, max_tokens=256), 4096) as url:

@@ -6,16 +6,14 @@ dependency group)."""
 from __future__ import annotations
 
 import pytest
-from conftest import EXAMPLE, tau_replay
-from test_gateway_episodes import Recorded, smoke_tasks
+from conftest import EXAMPLE
+from test_gateway_episodes import replaying_gold, smoke_tasks
 from turnrl_app_agent.agents import load_agent, load_callable
 from turnrl_app_agent.config import AgentSettings
 from turnrl_app_agent.stages import GatewayEpisodes, _Named, gateway
 
 from turnrl.tool_envs.chat import ChatTokenizer
 from turnrl.tool_envs.protocol import SamplingParams
-from turnrl.tool_envs.tau.data import TauTaskConfig, load_tasks_and_domain
-from turnrl.tool_envs.tau.gold import gold_conversation
 
 pytest.importorskip("agents")
 FRAMEWORK = EXAMPLE.parent / "mini_retail_openai_agents.py"
@@ -25,14 +23,7 @@ async def test_the_openai_agents_example_through_the_gateway_is_token_exact(
     chat: ChatTokenizer,
 ) -> None:
     tasks = smoke_tasks()
-    store = tasks[0]["store"]
-    data = load_tasks_and_domain(
-        TauTaskConfig(domain="synthetic", synthetic_num_users=store["users"],
-                      synthetic_num_tasks=store["tasks"], synthetic_kinds=store["kinds"],
-                      num_heldout=store["heldout"], policy_in_prompt=False)
-    )  # fmt: skip
-    gold = [gold_conversation(data.domain, t, data.domain.wiki) for t in data.train + data.heldout]
-    engine = Recorded(tau_replay.ReplayEngine(chat, gold))
+    engine = replaying_gold(chat, tasks)
     named = _Named(engine)  # type: ignore[arg-type]
     agent = load_agent(AgentSettings(agent=f"{FRAMEWORK}:run"))
     async with gateway(named, chat, SamplingParams(temperature=1.0, max_tokens=256), 4096) as url:
